@@ -1,0 +1,46 @@
+# Every target sets up .venv itself (re-installing when pyproject.toml changes), so a fresh
+# clone needs only python3 (3.10+) and make.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# The official TensorFlow Serving client lives apart from our code: both define the same protos.
+OFFICIAL := $(VENV)/official
+OFFICIAL_STAMP := $(OFFICIAL)/.installed
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+
+.PHONY: serve test lint typecheck protos protos-check clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+$(OFFICIAL_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --no-deps --target $(OFFICIAL) tensorflow-serving-api==2.21.0
+	touch $@
+
+serve: $(STAMP)
+	$(PY) -m server $(ARGS)
+
+test: $(STAMP) $(OFFICIAL_STAMP)
+	$(PY) -m protos.build --check
+	$(PY) -m ruff check .
+	$(PY) -m mypy server client protos/build.py
+	OFFICIAL_CLIENT_PATH=$(abspath $(OFFICIAL)) $(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+typecheck: $(STAMP)
+	$(PY) -m mypy server client protos/build.py
+
+protos: $(STAMP)
+	$(PY) -m protos.build
+
+protos-check: $(STAMP)
+	$(PY) -m protos.build --check
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

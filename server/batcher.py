@@ -1,0 +1,234 @@
+"""Dynamic batching: merge concurrent requests into row-budgeted batches.
+
+Policy (see architecture.md, examples 2-5):
+- Batches are budgeted in rows (`max_batch_rows`), not requests. A request larger than the
+  remaining budget is split: its first rows go now, the rest lead the next batch, and its outputs
+  are reassembled in row order before its future resolves.
+- Once the oldest queued request arrived, a batch waits at most `timeout_s` (monotonic clock) for
+  more rows; a batch that is full goes at once. Because the wait counts from the first row's
+  arrival, rows that queued while the model was busy go out without further delay.
+- At most `max_inflight` batches execute at once; while they run, the next batch keeps filling.
+- The queue is bounded in rows: a request that would overflow it is refused at once (Overloaded).
+- Requests with different batch keys (signature, non-batch dimensions) never share a batch.
+- A cancelled request is dropped before compute; a failing batch fails only its own requests.
+
+The batcher owns time and futures; row offsets live in `assembly`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from server.assembly import Tensors, check_rows, concat_rows, split_rows
+from server.errors import Overloaded, Unavailable
+
+RunBatch = Callable[[Hashable, Tensors], Tensors]
+"""Blocking model call for one batch; runs on the executor, never on the event loop."""
+
+
+@dataclass(eq=False)
+class _Request:
+    inputs: Mapping[str, np.ndarray]
+    rows: int
+    future: asyncio.Future[Tensors]
+    enqueued_at: float
+    next_row: int = 0
+    """Rows before this one have been handed to a batch."""
+    parts: dict[int, Tensors] = field(default_factory=dict)
+    done_rows: int = 0
+
+    def deliver(self, start: int, outputs: Tensors, rows: int) -> None:
+        if self.future.done():
+            return
+        self.parts[start] = outputs
+        self.done_rows += rows
+        if self.done_rows == self.rows:
+            self.future.set_result(concat_rows([self.parts[s] for s in sorted(self.parts)]))
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+
+@dataclass(frozen=True)
+class _Slice:
+    request: _Request
+    start: int
+    stop: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+    def inputs(self) -> Tensors:
+        if self.start == 0 and self.stop == self.request.rows:
+            return dict(self.request.inputs)
+        return {n: a[self.start:self.stop] for n, a in self.request.inputs.items()}
+
+
+class Batcher:
+    def __init__(
+        self,
+        run_batch: RunBatch,
+        executor: Executor,
+        *,
+        max_batch_rows: int,
+        timeout_s: float,
+        max_queued_rows: int,
+        max_inflight: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_batch_rows < 1 or max_queued_rows < 1 or max_inflight < 1 or timeout_s < 0:
+            raise ValueError("batcher limits must be positive")
+        self._run_batch = run_batch
+        self._executor = executor
+        self._max_batch_rows = max_batch_rows
+        self._timeout_s = timeout_s
+        self._max_queued_rows = max_queued_rows
+        self._max_inflight = max_inflight
+        self._clock = clock
+        self._queues: dict[Hashable, deque[_Request]] = {}
+        self._key_rows: dict[Hashable, int] = {}
+        self._queued_rows = 0
+        self._closed = False
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def queued_rows(self) -> int:
+        """Rows waiting for a batch (cancelled requests count until swept)."""
+        return self._queued_rows
+
+    def start(self) -> None:
+        """Create the asyncio machinery; call from inside the running event loop."""
+        self._wakeup = asyncio.Event()
+        self._slots = asyncio.Semaphore(self._max_inflight)
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="batcher")
+
+    async def submit(self, key: Hashable, inputs: Mapping[str, np.ndarray], rows: int) -> Tensors:
+        """Queue a request's rows and wait for its outputs (rows in the same order)."""
+        if self._closed or self._task is None:
+            raise Unavailable("the server is not accepting requests (draining or not started)")
+        if rows > self._max_queued_rows:
+            raise Overloaded(f"request has {rows} rows; at most {self._max_queued_rows} rows may be queued")
+        if self._queued_rows + rows > self._max_queued_rows:
+            raise Overloaded(
+                f"queue full: {self._queued_rows} rows waiting, bound {self._max_queued_rows}; retry later"
+            )
+        future: asyncio.Future[Tensors] = asyncio.get_running_loop().create_future()
+        self._queues.setdefault(key, deque()).append(_Request(inputs, rows, future, self._clock()))
+        self._add_rows(key, rows)
+        self._wakeup.set()
+        return await future
+
+    async def drain(self) -> None:
+        """Refuse new requests, finish every queued and running one, then stop the loop."""
+        self._closed = True
+        while self._queued_rows > 0 or self._inflight:
+            await asyncio.sleep(0.005)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def _add_rows(self, key: Hashable, rows: int) -> None:
+        self._queued_rows += rows
+        self._key_rows[key] = self._key_rows.get(key, 0) + rows
+
+    async def _loop(self) -> None:
+        while True:
+            await self._slots.acquire()
+            try:
+                key, slices = await self._next_batch()
+            except BaseException:
+                self._slots.release()
+                raise
+            task = asyncio.get_running_loop().create_task(self._execute(key, slices))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+
+    def _oldest_key(self) -> tuple[Hashable, _Request] | None:
+        """The key whose head request has waited longest, sweeping cancelled heads."""
+        best: tuple[Hashable, _Request] | None = None
+        for key in list(self._queues):
+            queue = self._queues[key]
+            while queue and queue[0].future.done():
+                dropped = queue.popleft()
+                self._add_rows(key, -(dropped.rows - dropped.next_row))
+            if not queue:
+                del self._queues[key]
+                del self._key_rows[key]
+            elif best is None or queue[0].enqueued_at < best[1].enqueued_at:
+                best = (key, queue[0])
+        return best
+
+    async def _next_batch(self) -> tuple[Hashable, list[_Slice]]:
+        while True:
+            oldest = self._oldest_key()
+            if oldest is None:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            key, first = oldest
+            deadline = first.enqueued_at + self._timeout_s
+            while self._key_rows.get(key, 0) < self._max_batch_rows:
+                remaining = deadline - self._clock()
+                if remaining <= 0:
+                    break
+                self._wakeup.clear()
+                try:
+                    async with asyncio.timeout(remaining):
+                        await self._wakeup.wait()
+                except TimeoutError:
+                    break
+            slices = self._take(key)
+            if slices:
+                return key, slices
+
+    def _take(self, key: Hashable) -> list[_Slice]:
+        """Cut up to max_batch_rows rows off the front of key's queue."""
+        queue = self._queues.get(key)
+        slices: list[_Slice] = []
+        budget = self._max_batch_rows
+        while queue and budget > 0:
+            request = queue[0]
+            left = request.rows - request.next_row
+            if request.future.done():
+                queue.popleft()
+                self._add_rows(key, -left)
+                continue
+            n = min(left, budget)
+            slices.append(_Slice(request, request.next_row, request.next_row + n))
+            request.next_row += n
+            budget -= n
+            self._add_rows(key, -n)
+            if request.next_row == request.rows:
+                queue.popleft()
+        if queue is not None and not queue:
+            del self._queues[key]
+            del self._key_rows[key]
+        return slices
+
+    async def _execute(self, key: Hashable, slices: list[_Slice]) -> None:
+        live = [s for s in slices if not s.request.future.done()]
+        try:
+            if not live:
+                return
+            batch = concat_rows([s.inputs() for s in live])
+            rows = sum(s.rows for s in live)
+            loop = asyncio.get_running_loop()
+            outputs = await loop.run_in_executor(self._executor, self._run_batch, key, batch)
+            check_rows(outputs, rows, "batch")
+            for s, part in zip(live, split_rows(outputs, [s.rows for s in live]), strict=True):
+                s.request.deliver(s.start, part, s.rows)
+        except Exception as exc:
+            for s in live:
+                s.request.fail(exc)
+        finally:
+            self._slots.release()

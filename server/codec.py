@@ -1,0 +1,158 @@
+"""TensorProto <-> numpy, with TensorFlow's semantics and checks made before allocation.
+
+Decoding follows `tensor_util.MakeNdarray`: raw little-endian `tensor_content` is the fast path;
+otherwise the typed field that matches the dtype holds either every element or exactly one value
+that fills the whole shape (half travels as uint16 bits in `half_val`). We are stricter than
+TensorFlow in two places, because each hides a client bug: a value count that is neither 1 nor the
+element count is refused (TensorFlow pads with the last value), and values in a field that does not
+match the dtype are refused (TensorFlow ignores them).
+
+Encoding always uses `tensor_content` for numbers and `string_val` for strings.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from tensorflow.core.framework import tensor_pb2, types_pb2
+
+from server.errors import InvalidInput
+
+
+@dataclass(frozen=True)
+class _DType:
+    enum: int
+    numpy: np.dtype
+    field: str  # the typed repeated field of TensorProto that carries this dtype
+
+
+_TABLE = (
+    _DType(types_pb2.DT_HALF, np.dtype("<f2"), "half_val"),
+    _DType(types_pb2.DT_FLOAT, np.dtype("<f4"), "float_val"),
+    _DType(types_pb2.DT_DOUBLE, np.dtype("<f8"), "double_val"),
+    _DType(types_pb2.DT_INT8, np.dtype("i1"), "int_val"),
+    _DType(types_pb2.DT_INT16, np.dtype("<i2"), "int_val"),
+    _DType(types_pb2.DT_INT32, np.dtype("<i4"), "int_val"),
+    _DType(types_pb2.DT_INT64, np.dtype("<i8"), "int64_val"),
+    _DType(types_pb2.DT_UINT8, np.dtype("u1"), "int_val"),
+    _DType(types_pb2.DT_UINT16, np.dtype("<u2"), "int_val"),
+    _DType(types_pb2.DT_UINT32, np.dtype("<u4"), "uint32_val"),
+    _DType(types_pb2.DT_UINT64, np.dtype("<u8"), "uint64_val"),
+    _DType(types_pb2.DT_BOOL, np.dtype("?"), "bool_val"),
+    _DType(types_pb2.DT_STRING, np.dtype(object), "string_val"),
+)
+_BY_ENUM = {d.enum: d for d in _TABLE}
+_BY_NUMPY = {d.numpy.newbyteorder("=") if d.numpy.byteorder != "|" else d.numpy: d for d in _TABLE}
+_VALUE_FIELDS = frozenset(
+    {d.field for d in _TABLE}
+    | {"scomplex_val", "dcomplex_val", "resource_handle_val", "variant_val", "tensor_content"}
+)
+
+
+def dtype_name(enum: int) -> str:
+    """'DT_FLOAT' for 1; used in error messages so clients see TensorFlow's own names."""
+    try:
+        return str(types_pb2.DataType.Name(enum))
+    except ValueError:
+        return f"dtype {enum}"
+
+
+def _unsupported(enum: int) -> str:
+    supported = ", ".join(dtype_name(d.enum) for d in _TABLE)
+    return f"unsupported dtype {dtype_name(enum)}; supported: {supported}"
+
+
+def numpy_dtype(enum: int) -> np.dtype:
+    """The numpy dtype a TensorFlow dtype enum decodes to; InvalidInput if unsupported."""
+    entry = _BY_ENUM.get(enum)
+    if entry is None:
+        raise InvalidInput(_unsupported(enum))
+    return entry.numpy
+
+
+def dtype_enum(dtype: np.dtype) -> int:
+    """The TensorFlow dtype enum for a numpy dtype (str and bytes map to DT_STRING)."""
+    if dtype.kind in ("U", "S", "O"):
+        return int(types_pb2.DT_STRING)
+    entry = _BY_NUMPY.get(dtype.newbyteorder("=") if dtype.byteorder != "|" else dtype)
+    if entry is None:
+        raise InvalidInput(f"numpy dtype {dtype} has no TensorFlow Serving encoding")
+    return int(entry.enum)
+
+
+def to_ndarray(proto: tensor_pb2.TensorProto, *, name: str, max_elements: int) -> np.ndarray:
+    """Decode one TensorProto, validating shape and contents before allocating anything."""
+    where = f"input '{name}'"
+    try:
+        entry = _BY_ENUM[proto.dtype]
+    except KeyError:
+        raise InvalidInput(f"{where}: {_unsupported(proto.dtype)}") from None
+    if proto.tensor_shape.unknown_rank:
+        raise InvalidInput(f"{where}: tensor_shape has unknown_rank; a request needs a concrete shape")
+    shape = tuple(int(d.size) for d in proto.tensor_shape.dim)
+    if any(d < 0 for d in shape):
+        raise InvalidInput(f"{where}: shape {list(shape)} has a negative dimension")
+    count = math.prod(shape)
+    if count > max_elements:
+        raise InvalidInput(f"{where}: shape {list(shape)} has {count} elements; the limit is {max_elements}")
+
+    present = {f.name for f, _ in proto.ListFields() if f.name in _VALUE_FIELDS}
+    stray = present - {entry.field, "tensor_content"}
+    if entry.enum == types_pb2.DT_STRING and "tensor_content" in present:
+        stray.add("tensor_content")
+    if stray:
+        raise InvalidInput(
+            f"{where}: dtype {dtype_name(entry.enum)} carries values in {', '.join(sorted(stray))}; "
+            f"use {entry.field}" + (" or tensor_content" if entry.enum != types_pb2.DT_STRING else "")
+        )
+    if "tensor_content" in present:
+        if entry.field in present:
+            raise InvalidInput(f"{where}: both tensor_content and {entry.field} are set; use one")
+        expected = count * entry.numpy.itemsize
+        got = len(proto.tensor_content)
+        if got != expected:
+            raise InvalidInput(
+                f"{where}: tensor_content has {got} bytes; shape {list(shape)} of "
+                f"{dtype_name(entry.enum)} needs {expected}"
+            )
+        return np.frombuffer(proto.tensor_content, dtype=entry.numpy).reshape(shape)
+
+    values = getattr(proto, entry.field)
+    n = len(values)
+    if n != count and not (n == 1 and count > 1):
+        raise InvalidInput(
+            f"{where}: shape {list(shape)} needs {count} values (or 1 to fill it), "
+            f"got {n} in {entry.field}"
+        )
+    try:
+        if entry.enum == types_pb2.DT_STRING:
+            flat = np.empty(n, dtype=object)
+            flat[:] = list(values)
+        elif entry.enum == types_pb2.DT_HALF:
+            flat = np.array(values, dtype=np.uint16).view(entry.numpy)
+        else:
+            flat = np.array(values, dtype=entry.numpy)
+    except (OverflowError, ValueError) as exc:
+        raise InvalidInput(
+            f"{where}: a value in {entry.field} does not fit {dtype_name(entry.enum)}: {exc}"
+        ) from None
+    if n == count:
+        return flat.reshape(shape)
+    return np.full(shape, flat[0], dtype=entry.numpy)
+
+
+def to_tensor_proto(array: np.ndarray) -> tensor_pb2.TensorProto:
+    """Encode an ndarray: numbers as raw little-endian tensor_content, strings in string_val."""
+    enum = dtype_enum(array.dtype)
+    proto = tensor_pb2.TensorProto(dtype=enum)
+    dims = proto.tensor_shape.dim
+    for size in array.shape:
+        dims.add(size=size)
+    if enum == types_pb2.DT_STRING:
+        proto.string_val.extend(v.encode() if isinstance(v, str) else bytes(v) for v in array.ravel())
+    else:
+        wire = _BY_ENUM[enum].numpy
+        proto.tensor_content = np.ascontiguousarray(array, dtype=wire).tobytes()
+    return proto

@@ -1,0 +1,121 @@
+"""One frozen settings object, parsed from flags with environment-variable fallbacks.
+
+Every flag `--some-flag` can also be given as `MIRRORSERVE_SOME_FLAG`; a flag on the command
+line wins over the environment, which wins over the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+ENV_PREFIX = "MIRRORSERVE_"
+
+
+@dataclass(frozen=True)
+class Settings:
+    model_base_path: str | None
+    """TF Serving layout BASE/<version>/saved_model.pb; None serves the built-in demo model."""
+    model_name: str
+    """Name clients put in model_spec.name."""
+    port: int
+    """gRPC port; 0 picks a free one (logged at start)."""
+    replicas: int | None
+    """Replica count; None means the number of GPUs, else 1. On CPU: that many logical CPU devices."""
+    max_batch_size: int
+    """Row budget of one model execution (all replicas together)."""
+    batch_timeout_ms: float
+    """Longest wait for more rows once the first row of a batch is queued."""
+    max_queued_rows: int
+    """Rows allowed to wait; beyond it requests are refused at once with RESOURCE_EXHAUSTED."""
+    metrics_port: int
+    """HTTP port for Prometheus /metrics; 0 picks a free one, -1 disables."""
+    max_message_bytes: int
+    """Largest gRPC message accepted or sent."""
+
+    @property
+    def batch_timeout_s(self) -> float:
+        return self.batch_timeout_ms / 1000.0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not -1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number (0 = any free port), got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m server",
+        description="Serve a TensorFlow SavedModel over TensorFlow Serving's gRPC Predict API.",
+        epilog=f"Each flag may also be set as an environment variable {ENV_PREFIX}<FLAG_NAME>, "
+        f"e.g. {ENV_PREFIX}MAX_BATCH_SIZE=64.",
+    )
+    p.add_argument("--model-base-path", default=None,
+                   help="folder with numeric version subfolders (BASE/1/saved_model.pb); "
+                        "the highest version is served. Default: the built-in demo model")
+    p.add_argument("--model-name", default=None,
+                   help="name clients address (default: 'demo' for the demo model, "
+                        "else the base folder's name)")
+    p.add_argument("--port", type=_port, default=8500, help="gRPC port (default 8500; 0 = any free port)")
+    p.add_argument("--replicas", type=_positive_int, default=None,
+                   help="number of replicas (default: number of GPUs, else 1; on CPU, logical CPU devices)")
+    p.add_argument("--max-batch-size", type=_positive_int, default=64,
+                   help="rows per model execution, across all replicas (default 64)")
+    p.add_argument("--batch-timeout-ms", type=_non_negative_float, default=2.0,
+                   help="longest wait for more rows after the first is queued (default 2)")
+    p.add_argument("--max-queued-rows", type=_positive_int, default=4096,
+                   help="rows allowed to wait; more are refused with RESOURCE_EXHAUSTED (default 4096)")
+    p.add_argument("--metrics-port", type=_port, default=8501,
+                   help="Prometheus /metrics HTTP port (default 8501; 0 = any free port; -1 = off)")
+    p.add_argument("--max-message-bytes", type=_positive_int, default=64 * 1024 * 1024,
+                   help="largest gRPC message received or sent (default 64 MiB)")
+    return p
+
+
+def _env_name(action: argparse.Action) -> str:
+    return ENV_PREFIX + action.dest.upper()
+
+
+def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    """Parse flags, filling any flag not given from MIRRORSERVE_* variables."""
+    environ = os.environ if environ is None else environ
+    parser = build_parser()
+    env_defaults = {}
+    for action in parser._actions:
+        if action.dest == "help":
+            continue
+        raw = environ.get(_env_name(action))
+        if raw is None:
+            continue
+        try:
+            env_defaults[action.dest] = action.type(raw) if callable(action.type) else raw
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            parser.error(f"{_env_name(action)}={raw!r}: {exc}")
+    parser.set_defaults(**env_defaults)
+    ns = parser.parse_args(argv)
+    if ns.model_name is None:
+        ns.model_name = (
+            "demo" if ns.model_base_path is None
+            else os.path.basename(os.path.normpath(ns.model_base_path))
+        )
+    fields = {f.name for f in dataclasses.fields(Settings)}
+    return Settings(**{k: v for k, v in vars(ns).items() if k in fields})

@@ -1,0 +1,32 @@
+"""Domain errors raised below the servicer. No gRPC here: the servicer owns the one table
+that maps each class to a status code, so every layer raises the same way."""
+
+from __future__ import annotations
+
+
+class ServingError(Exception):
+    """Base class; the message is safe to show to the client."""
+
+
+class InvalidInput(ServingError):
+    """The request is malformed or does not match the signature."""
+
+
+class NotFound(ServingError):
+    """Unknown model or version."""
+
+
+class Overloaded(ServingError):
+    """The queue bound would be exceeded; the client may retry later."""
+
+
+class DeadlineExceeded(ServingError):
+    """The client's deadline passed before the work could be done."""
+
+
+class Unavailable(ServingError):
+    """The server is not ready, or is draining."""
+
+
+class ModelFailure(ServingError):
+    """The model itself failed. The client sees only a generic message; details go to the log."""

@@ -1,0 +1,122 @@
+"""What a signature accepts and returns, and checking a request against it. Pure: no TensorFlow.
+
+Dimension 0 of every input and output is the batch (row) dimension; that is what lets requests
+be merged into one execution and split back apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from server.codec import dtype_enum, dtype_name
+from server.errors import InvalidInput
+
+DEFAULT_SIGNATURE = "serving_default"
+
+
+class BatchKey(NamedTuple):
+    """Requests share a batch only when signature and every non-batch dimension agree."""
+
+    signature: str
+    trailing_shapes: tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    dtype: np.dtype
+    shape: tuple[int | None, ...] | None
+    """None for unknown rank; None in a dimension for unknown size."""
+
+    def describe(self) -> str:
+        dims = "?" if self.shape is None else str([-1 if d is None else d for d in self.shape])
+        return f"{dtype_name(dtype_enum(self.dtype))} {dims}"
+
+
+def _shape_text(shape: Iterable[int]) -> str:
+    return str(list(shape))
+
+
+@dataclass(frozen=True)
+class Signature:
+    name: str
+    inputs: Mapping[str, TensorSpec]
+    outputs: Mapping[str, TensorSpec]
+
+    def batching_problem(self) -> str | None:
+        """Why requests to this signature cannot be batched by rows, or None if they can."""
+        for kind, specs in (("input", self.inputs), ("output", self.outputs)):
+            for name, spec in specs.items():
+                if spec.shape is None or len(spec.shape) == 0 or spec.shape[0] is not None:
+                    return f"{kind} '{name}' has shape {spec.describe()}; dimension 0 must be the batch (-1)"
+        return None
+
+    def _takes(self) -> str:
+        return ", ".join(f"{n} ({s.describe()})" for n, s in sorted(self.inputs.items()))
+
+    def validate(self, inputs: Mapping[str, np.ndarray]) -> int:
+        """Check names, dtypes and shapes; return the request's row count."""
+        missing = sorted(set(self.inputs) - set(inputs))
+        if missing:
+            raise InvalidInput(
+                f"missing input {', '.join(repr(m) for m in missing)}; "
+                f"signature '{self.name}' takes: {self._takes()}"
+            )
+        unexpected = sorted(set(inputs) - set(self.inputs))
+        if unexpected:
+            raise InvalidInput(
+                f"unexpected input {', '.join(repr(u) for u in unexpected)}; "
+                f"signature '{self.name}' takes: {self._takes()}"
+            )
+        rows: dict[str, int] = {}
+        for name, spec in self.inputs.items():
+            array = inputs[name]
+            if array.dtype != spec.dtype and not (spec.dtype == object and array.dtype.kind in "OSU"):
+                raise InvalidInput(
+                    f"input '{name}' must be {dtype_name(dtype_enum(spec.dtype))}, "
+                    f"got {dtype_name(dtype_enum(array.dtype))}"
+                )
+            assert spec.shape is not None  # guaranteed by batching_problem() at load
+            trailing = zip(spec.shape[1:], array.shape[1:], strict=False)
+            if len(array.shape) != len(spec.shape) or any(w is not None and w != g for w, g in trailing):
+                raise InvalidInput(
+                    f"input '{name}' must have shape {spec.describe().split(' ', 1)[1]}, "
+                    f"got {_shape_text(array.shape)}"
+                )
+            rows[name] = array.shape[0]
+        counts = set(rows.values())
+        if len(counts) > 1:
+            detail = ", ".join(f"'{n}' has {r}" for n, r in sorted(rows.items()))
+            raise InvalidInput(f"inputs disagree on the number of rows (dimension 0): {detail}")
+        (count,) = counts
+        if count == 0:
+            raise InvalidInput("the request has zero rows (dimension 0 is 0); send at least one")
+        return count
+
+    def select_outputs(self, output_filter: Iterable[str]) -> tuple[str, ...]:
+        """The output names a request asked for (all when the filter is empty), in signature order."""
+        wanted = set(output_filter)
+        unknown = sorted(wanted - set(self.outputs))
+        if unknown:
+            raise InvalidInput(
+                f"output_filter names unknown output {', '.join(repr(u) for u in unknown)}; "
+                f"signature '{self.name}' returns: {', '.join(sorted(self.outputs))}"
+            )
+        return tuple(n for n in self.outputs if not wanted or n in wanted)
+
+    def batch_key(self, inputs: Mapping[str, np.ndarray]) -> BatchKey:
+        return BatchKey(self.name, tuple((n, tuple(inputs[n].shape[1:])) for n in sorted(self.inputs)))
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The served model as the request path sees it."""
+
+    name: str
+    version: int
+    signatures: Mapping[str, Signature]
+    unservable: Mapping[str, str]
+    """Signatures that cannot be batched by rows, with the reason; requests to them are refused."""
