@@ -1,0 +1,129 @@
+"""Fixtures: test SavedModels on disk, and real server processes on free ports."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STARTED = re.compile(r"grpc_port=(\d+) metrics_port=(-?\d+)")
+
+
+@dataclass
+class ServerProcess:
+    process: subprocess.Popen[bytes]
+    port: int
+    metrics_port: int
+    log_path: Path
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
+            return str(r.read().decode())
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples of `name` whose labels include `labels` (0 when absent)."""
+        total = 0.0
+        for line in self.metrics_text().splitlines():
+            if not line.startswith(name):
+                continue
+            match = re.match(r"([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)$", line)
+            if not match or match.group(1) != name:
+                continue
+            found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+            if all(found.get(k) == v for k, v in labels.items()):
+                total += float(match.group(3))
+        return total
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return int(self.process.returncode)
+
+
+def start_server(args: list[str], log_path: Path, env: dict[str, str] | None = None,
+                 timeout: float = 120) -> ServerProcess:
+    """Start `python -m server` on free ports and wait for its start-up line."""
+    log_file = log_path.open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "server", "--port", "0", "--metrics-port", "0", *args],
+        cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})},
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        match = STARTED.search(log_path.read_text(errors="replace"))
+        if match:
+            return ServerProcess(process, int(match.group(1)), int(match.group(2)), log_path)
+        if process.poll() is not None:
+            break
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"server did not start:\n{log_path.read_text(errors='replace')[-4000:]}")
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Base paths (BASE/<version>/) of every model the tests serve."""
+    from server.demo_model import build_demo_model
+    from tests.integration.saved_models import build_echo, build_multi
+
+    root = tmp_path_factory.mktemp("models")
+    build_demo_model(root / "demo" / "1")
+    build_echo(root / "echo" / "1")
+    build_multi(root / "multi" / "1")
+    # Several versions: the highest numeric one (3) must be served; junk folders are ignored.
+    shutil.copytree(root / "echo" / "1", root / "versioned" / "1")
+    shutil.copytree(root / "echo" / "1", root / "versioned" / "3")
+    (root / "versioned" / "10-not-a-version").mkdir()
+    (root / "versioned" / "7").mkdir()  # no saved_model.pb: not a version
+    return {p.name: p for p in root.iterdir()}
+
+
+@pytest.fixture(scope="session")
+def servers(tmp_path_factory: pytest.TempPathFactory, model_dirs: dict[str, Path]) -> Iterator[
+        dict[tuple[str, ...], ServerProcess]]:
+    """Server processes started on demand and shared for the session, keyed by their arguments."""
+    started: dict[tuple[str, ...], ServerProcess] = {}
+    yield started
+    for server in started.values():
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def server_for(servers: dict[tuple[str, ...], ServerProcess], model_dirs: dict[str, Path],
+               tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """server_for("echo", "--replicas", "3") -> a running server for that model and flags."""
+
+    def get(model: str, *flags: str) -> ServerProcess:
+        key = (model, *flags)
+        if key not in servers:
+            log_path = tmp_path_factory.mktemp("server") / "server.log"
+            servers[key] = start_server(
+                ["--model-base-path", str(model_dirs[model]), "--model-name", model, *flags], log_path
+            )
+        return servers[key]
+
+    return get
