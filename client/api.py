@@ -51,7 +51,7 @@ def build_predict_request(
 
 def decode_outputs(response: Any) -> dict[str, np.ndarray]:
     return {
-        name: codec.to_ndarray(tensor, name=name, max_elements=_UNLIMITED)
+        name: codec.to_ndarray(tensor, name=name, max_bytes=_UNLIMITED)
         for name, tensor in response.outputs.items()
     }
 

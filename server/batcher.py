@@ -177,7 +177,11 @@ class Batcher:
                 continue
             key, first = oldest
             deadline = first.enqueued_at + self._timeout_s
-            while self._key_rows.get(key, 0) < self._max_batch_rows:
+            while True:
+                full = self._full_key()
+                if full is not None:
+                    key = full  # a full batch goes at once, even while an older one is filling
+                    break
                 remaining = deadline - self._clock()
                 if remaining <= 0:
                     break
@@ -190,6 +194,9 @@ class Batcher:
             slices = self._take(key)
             if slices:
                 return key, slices
+
+    def _full_key(self) -> Hashable | None:
+        return next((k for k, rows in self._key_rows.items() if rows >= self._max_batch_rows), None)
 
     def _take(self, key: Hashable) -> list[_Slice]:
         """Cut up to max_batch_rows rows off the front of key's queue."""

@@ -82,8 +82,15 @@ def dtype_enum(dtype: np.dtype) -> int:
     return int(entry.enum)
 
 
-def to_ndarray(proto: tensor_pb2.TensorProto, *, name: str, max_elements: int) -> np.ndarray:
-    """Decode one TensorProto, validating shape and contents before allocating anything."""
+MAX_RANK = 32
+
+
+def to_ndarray(proto: tensor_pb2.TensorProto, *, name: str, max_bytes: int) -> np.ndarray:
+    """Decode one TensorProto, validating shape and contents before allocating anything.
+
+    `max_bytes` bounds the decoded size, so one value that "fills" a huge declared shape cannot
+    make the server allocate more than a message of that size could carry.
+    """
     where = f"input '{name}'"
     try:
         entry = _BY_ENUM[proto.dtype]
@@ -92,11 +99,17 @@ def to_ndarray(proto: tensor_pb2.TensorProto, *, name: str, max_elements: int) -
     if proto.tensor_shape.unknown_rank:
         raise InvalidInput(f"{where}: tensor_shape has unknown_rank; a request needs a concrete shape")
     shape = tuple(int(d.size) for d in proto.tensor_shape.dim)
+    if len(shape) > MAX_RANK:
+        raise InvalidInput(f"{where}: shape has {len(shape)} dimensions; at most {MAX_RANK} are supported")
     if any(d < 0 for d in shape):
         raise InvalidInput(f"{where}: shape {list(shape)} has a negative dimension")
     count = math.prod(shape)
-    if count > max_elements:
-        raise InvalidInput(f"{where}: shape {list(shape)} has {count} elements; the limit is {max_elements}")
+    itemsize = 8 if entry.enum == types_pb2.DT_STRING else entry.numpy.itemsize
+    if count * itemsize > max_bytes or any(d > max_bytes for d in shape):
+        raise InvalidInput(
+            f"{where}: shape {list(shape)} has {count} elements ({count * itemsize} bytes decoded); "
+            f"the limit is {max_bytes} bytes per tensor"
+        )
 
     present = {f.name for f, _ in proto.ListFields() if f.name in _VALUE_FIELDS}
     stray = present - {entry.field, "tensor_content"}
@@ -126,21 +139,35 @@ def to_ndarray(proto: tensor_pb2.TensorProto, *, name: str, max_elements: int) -
             f"{where}: shape {list(shape)} needs {count} values (or 1 to fill it), "
             f"got {n} in {entry.field}"
         )
-    try:
-        if entry.enum == types_pb2.DT_STRING:
-            flat = np.empty(n, dtype=object)
-            flat[:] = list(values)
-        elif entry.enum == types_pb2.DT_HALF:
-            flat = np.array(values, dtype=np.uint16).view(entry.numpy)
-        else:
-            flat = np.array(values, dtype=entry.numpy)
-    except (OverflowError, ValueError) as exc:
-        raise InvalidInput(
-            f"{where}: a value in {entry.field} does not fit {dtype_name(entry.enum)}: {exc}"
-        ) from None
+    if entry.enum == types_pb2.DT_STRING:
+        flat = np.empty(n, dtype=object)
+        flat[:] = list(values)
+    else:
+        # protobuf converts the whole field at once; narrow integer types travel widened
+        # (int8..uint16 in int_val, half bits in half_val), so check their range before casting.
+        wide = np.asarray(values)
+        narrow = np.dtype(np.uint16) if entry.enum == types_pb2.DT_HALF else entry.numpy
+        if narrow.kind in "iu" and wide.size and wide.dtype != narrow:
+            info = np.iinfo(narrow)
+            low, high = int(wide.min()), int(wide.max())
+            if low < info.min or high > info.max:
+                bad = low if low < info.min else high
+                raise InvalidInput(
+                    f"{where}: a value in {entry.field} does not fit {dtype_name(entry.enum)}: "
+                    f"{bad} is outside [{info.min}, {info.max}]"
+                )
+        flat = wide.astype(narrow).view(entry.numpy)
     if n == count:
         return flat.reshape(shape)
     return np.full(shape, flat[0], dtype=entry.numpy)
+
+
+def _string_bytes(value: object) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    raise InvalidInput(f"a string tensor holds a {type(value).__name__}; only bytes and str can be sent")
 
 
 def to_tensor_proto(array: np.ndarray) -> tensor_pb2.TensorProto:
@@ -151,7 +178,7 @@ def to_tensor_proto(array: np.ndarray) -> tensor_pb2.TensorProto:
     for size in array.shape:
         dims.add(size=size)
     if enum == types_pb2.DT_STRING:
-        proto.string_val.extend(v.encode() if isinstance(v, str) else bytes(v) for v in array.ravel())
+        proto.string_val.extend(_string_bytes(v) for v in array.ravel())
     else:
         wire = _BY_ENUM[enum].numpy
         proto.tensor_content = np.ascontiguousarray(array, dtype=wire).tobytes()

@@ -57,9 +57,13 @@ def _non_negative_float(text: str) -> float:
 
 def _port(text: str) -> int:
     value = int(text)
-    if not -1 <= value <= 65535:
+    if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be a port number (0 = any free port), got {value}")
     return value
+
+
+def _optional_port(text: str) -> int:
+    return -1 if int(text) == -1 else _port(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="longest wait for more rows after the first is queued (default 2)")
     p.add_argument("--max-queued-rows", type=_positive_int, default=4096,
                    help="rows allowed to wait; more are refused with RESOURCE_EXHAUSTED (default 4096)")
-    p.add_argument("--metrics-port", type=_port, default=8501,
+    p.add_argument("--metrics-port", type=_optional_port, default=8501,
                    help="Prometheus /metrics HTTP port (default 8501; 0 = any free port; -1 = off)")
     p.add_argument("--max-message-bytes", type=_positive_int, default=64 * 1024 * 1024,
                    help="largest gRPC message received or sent (default 64 MiB)")

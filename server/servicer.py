@@ -58,9 +58,9 @@ def _version_choice(spec: Any) -> tuple[int | None, str | None]:
 
 
 class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
-    def __init__(self, predictor: Predictor, max_elements: int, signature_defs: dict[str, Any]) -> None:
+    def __init__(self, predictor: Predictor, max_tensor_bytes: int, signature_defs: dict[str, Any]) -> None:
         self._predictor = predictor
-        self._max_elements = max_elements
+        self._max_tensor_bytes = max_tensor_bytes
         self._signature_defs = signature_defs
 
     async def Predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -71,7 +71,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             self._predictor.check_model(spec.name, *_version_choice(spec))
             signature = self._predictor.signature(spec.signature_name)
             inputs = {
-                name: codec.to_ndarray(tensor, name=name, max_elements=self._max_elements)
+                name: codec.to_ndarray(tensor, name=name, max_bytes=self._max_tensor_bytes)
                 for name, tensor in request.inputs.items()
             }
             outputs = await self._predictor.predict(signature, inputs, request.output_filter)

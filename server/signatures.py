@@ -48,6 +48,8 @@ class Signature:
 
     def batching_problem(self) -> str | None:
         """Why requests to this signature cannot be batched by rows, or None if they can."""
+        if not self.inputs:
+            return "it has no inputs, so a request has no rows"
         for kind, specs in (("input", self.inputs), ("output", self.outputs)):
             for name, spec in specs.items():
                 if spec.shape is None or len(spec.shape) == 0 or spec.shape[0] is not None:

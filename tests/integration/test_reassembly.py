@@ -56,6 +56,8 @@ def test_batching_happened_and_every_replica_got_rows(server_for) -> None:
     assert 0 < batches <= requests / 4, f"batching did not merge requests: {batches} executions"
     assert all(rows > 0 for rows in replica_rows), replica_rows
     assert sum(replica_rows) == requests
+    # One trace at start-up, whatever the batch sizes and their splits over replicas since.
+    assert server.metric("mirrorserve_tf_function_traces_total", model="echo", signature="serving_default") == 1
 
 
 def test_highest_version_is_served(server_for) -> None:

@@ -1,0 +1,160 @@
+"""server.config: flags, MIRRORSERVE_* environment fallbacks, defaults, and refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from server.config import Settings, parse_settings
+
+
+def parse(*argv: str, **env: str) -> Settings:
+    return parse_settings(list(argv), environ=env)
+
+
+def test_defaults_without_base_path() -> None:
+    s = parse()
+    assert s.model_base_path is None
+    assert s.model_name == "demo"
+    assert s.port == 8500
+    assert s.replicas is None
+    assert s.max_batch_size == 64
+    assert s.batch_timeout_ms == 2.0
+    assert s.batch_timeout_s == pytest.approx(0.002)
+    assert s.max_queued_rows == 4096
+    assert s.metrics_port == 8501
+    assert s.max_message_bytes == 64 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("base", "name"),
+    [("/x/mymodel/", "mymodel"), ("/x/mymodel", "mymodel"), ("models/resnet//", "resnet"), ("plain", "plain")],
+)
+def test_model_name_defaults_to_base_folder_name(base: str, name: str) -> None:
+    s = parse("--model-base-path", base)
+    assert s.model_base_path == base
+    assert s.model_name == name
+
+
+def test_explicit_model_name_wins() -> None:
+    assert parse("--model-base-path", "/x/mymodel/", "--model-name", "prod").model_name == "prod"
+    assert parse("--model-name", "prod").model_name == "prod"
+
+
+def test_all_flags() -> None:
+    s = parse(
+        "--model-base-path", "/m/a", "--model-name", "n", "--port", "0", "--replicas", "4",
+        "--max-batch-size", "8", "--batch-timeout-ms", "0.5", "--max-queued-rows", "100",
+        "--metrics-port", "-1", "--max-message-bytes", "1024",
+    )
+    assert s == Settings(
+        model_base_path="/m/a", model_name="n", port=0, replicas=4, max_batch_size=8,
+        batch_timeout_ms=0.5, max_queued_rows=100, metrics_port=-1, max_message_bytes=1024,
+    )
+    assert s.batch_timeout_s == pytest.approx(0.0005)
+    assert parse("--batch-timeout-ms", "0").batch_timeout_ms == 0.0
+
+
+def test_settings_are_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        parse().port = 1  # type: ignore[misc]
+
+
+def test_environment_used_when_flag_absent() -> None:
+    s = parse(
+        MIRRORSERVE_MAX_BATCH_SIZE="16",
+        MIRRORSERVE_PORT="9000",
+        MIRRORSERVE_BATCH_TIMEOUT_MS="7.5",
+        MIRRORSERVE_MAX_QUEUED_ROWS="50",
+        MIRRORSERVE_REPLICAS="2",
+        MIRRORSERVE_METRICS_PORT="-1",
+        MIRRORSERVE_MAX_MESSAGE_BYTES="2048",
+        MIRRORSERVE_MODEL_BASE_PATH="/srv/models/ranker/",
+    )
+    assert s.max_batch_size == 16
+    assert s.port == 9000
+    assert s.batch_timeout_ms == 7.5
+    assert s.max_queued_rows == 50
+    assert s.replicas == 2
+    assert s.metrics_port == -1
+    assert s.max_message_bytes == 2048
+    assert s.model_base_path == "/srv/models/ranker/"
+    assert s.model_name == "ranker"
+    assert isinstance(s.max_batch_size, int)
+    assert isinstance(s.port, int)
+
+
+def test_environment_model_name() -> None:
+    assert parse(MIRRORSERVE_MODEL_NAME="envname").model_name == "envname"
+    assert parse("--model-name", "flag", MIRRORSERVE_MODEL_NAME="envname").model_name == "flag"
+
+
+def test_flag_wins_over_environment() -> None:
+    s = parse("--max-batch-size", "32", "--port", "7000", MIRRORSERVE_MAX_BATCH_SIZE="16", MIRRORSERVE_PORT="9000")
+    assert s.max_batch_size == 32
+    assert s.port == 7000
+
+
+def test_unrelated_environment_ignored() -> None:
+    s = parse(MAX_BATCH_SIZE="3", MIRRORSERVE_UNKNOWN="x", mirrorserve_port="1")
+    assert s.max_batch_size == 64
+    assert s.port == 8500
+
+
+def test_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MIRRORSERVE_MAX_QUEUED_ROWS", "77")
+    assert parse_settings([]).max_queued_rows == 77
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--max-batch-size", "0"],
+        ["--max-batch-size", "-3"],
+        ["--max-batch-size", "abc"],
+        ["--max-batch-size", "1.5"],
+        ["--max-queued-rows", "0"],
+        ["--replicas", "0"],
+        ["--max-message-bytes", "0"],
+        ["--port", "65536"],
+        ["--port", "-2"],
+        ["--port", "http"],
+        ["--metrics-port", "70000"],
+        ["--batch-timeout-ms", "-1"],
+        ["--batch-timeout-ms", "nan"],
+        ["--batch-timeout-ms", "soon"],
+        ["--no-such-flag"],
+    ],
+    ids=" ".join,
+)
+def test_invalid_flags_exit(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse(*argv)
+    assert info.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("MIRRORSERVE_PORT", "abc"),
+        ("MIRRORSERVE_PORT", "99999"),
+        ("MIRRORSERVE_MAX_BATCH_SIZE", "0"),
+        ("MIRRORSERVE_MAX_BATCH_SIZE", "many"),
+        ("MIRRORSERVE_BATCH_TIMEOUT_MS", "-0.1"),
+        ("MIRRORSERVE_REPLICAS", "0"),
+    ],
+)
+def test_invalid_environment_exits_naming_the_variable(
+    var: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse(**{var: value})
+    assert info.value.code == 2
+    assert f"{var}={value!r}" in capsys.readouterr().err
+
+
+def test_grpc_port_minus_one_refused() -> None:
+    with pytest.raises(SystemExit):
+        parse("--port", "-1")
