@@ -8,8 +8,9 @@ STAMP := $(VENV)/.installed
 OFFICIAL := $(VENV)/official
 OFFICIAL_STAMP := $(OFFICIAL)/.installed
 export TF_CPP_MIN_LOG_LEVEL ?= 2
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test lint typecheck protos protos-check clean
+.PHONY: serve test lint typecheck protos protos-check clean prometheus
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +25,13 @@ $(OFFICIAL_STAMP): $(STAMP)
 serve: $(STAMP)
 	$(PY) -m server $(ARGS)
 
-test: $(STAMP) $(OFFICIAL_STAMP)
+# Debian's Prometheus, for the test that scrapes the server with a real one.
+prometheus:
+	@command -v prometheus >/dev/null || { \
+	  echo "installing Debian's prometheus package"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+
+test: $(STAMP) $(OFFICIAL_STAMP) prometheus
 	$(PY) -m protos.build --check
 	$(PY) -m ruff check .
 	$(PY) -m mypy server client protos/build.py

@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -33,24 +34,65 @@ RunBatch = Callable[[Hashable, Tensors], Tensors]
 """Blocking model call for one batch; runs on the executor, never on the event loop."""
 
 
+class BatchObserver(Protocol):
+    """What the batcher reports as it works (server.metrics.BatcherMetrics implements it)."""
+
+    def queue_changed(self, rows: int, requests: int) -> None: ...
+    def batch_started(self, rows: int) -> None: ...
+    def batch_finished(self, seconds: float | None) -> None:
+        """seconds is None when the batch failed."""
+    def request_finished(self, queue_seconds: float) -> None: ...
+
+
+class _NoObserver:
+    def queue_changed(self, rows: int, requests: int) -> None:
+        pass
+
+    def batch_started(self, rows: int) -> None:
+        pass
+
+    def batch_finished(self, seconds: float | None) -> None:
+        pass
+
+    def request_finished(self, queue_seconds: float) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Answer:
+    outputs: Tensors
+    """This request's rows of every output, in its row order."""
+    queue_seconds: float
+    """Time in the batcher not spent computing this request's batches."""
+    compute_seconds: float
+    """Execution time of the batches that carried this request's rows, summed."""
+
+
 @dataclass(eq=False)
 class _Request:
     inputs: Mapping[str, np.ndarray]
     rows: int
-    future: asyncio.Future[Tensors]
+    future: asyncio.Future[Answer]
     enqueued_at: float
     next_row: int = 0
     """Rows before this one have been handed to a batch."""
     parts: dict[int, Tensors] = field(default_factory=dict)
     done_rows: int = 0
+    compute_seconds: float = 0.0
 
-    def deliver(self, start: int, outputs: Tensors, rows: int) -> None:
+    def deliver(self, start: int, outputs: Tensors, rows: int, compute_seconds: float, now: float) -> float | None:
+        """Record one part; when it completes the request, resolve it and return its queue time."""
         if self.future.done():
-            return
+            return None
         self.parts[start] = outputs
         self.done_rows += rows
-        if self.done_rows == self.rows:
-            self.future.set_result(concat_rows([self.parts[s] for s in sorted(self.parts)]))
+        self.compute_seconds += compute_seconds
+        if self.done_rows < self.rows:
+            return None
+        queue_seconds = max(0.0, now - self.enqueued_at - self.compute_seconds)
+        outputs = concat_rows([self.parts[s] for s in sorted(self.parts)])
+        self.future.set_result(Answer(outputs, queue_seconds, self.compute_seconds))
+        return queue_seconds
 
     def fail(self, exc: BaseException) -> None:
         if not self.future.done():
@@ -84,6 +126,7 @@ class Batcher:
         max_queued_rows: int,
         max_inflight: int = 1,
         clock: Callable[[], float] = time.monotonic,
+        observer: BatchObserver | None = None,
     ) -> None:
         if max_batch_rows < 1 or max_queued_rows < 1 or max_inflight < 1 or timeout_s < 0:
             raise ValueError("batcher limits must be positive")
@@ -94,9 +137,11 @@ class Batcher:
         self._max_queued_rows = max_queued_rows
         self._max_inflight = max_inflight
         self._clock = clock
+        self._observer: BatchObserver = observer or _NoObserver()
         self._queues: dict[Hashable, deque[_Request]] = {}
         self._key_rows: dict[Hashable, int] = {}
         self._queued_rows = 0
+        self._queued_requests = 0
         self._closed = False
         self._inflight: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
@@ -112,7 +157,7 @@ class Batcher:
         self._slots = asyncio.Semaphore(self._max_inflight)
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="batcher")
 
-    async def submit(self, key: Hashable, inputs: Mapping[str, np.ndarray], rows: int) -> Tensors:
+    async def submit(self, key: Hashable, inputs: Mapping[str, np.ndarray], rows: int) -> Answer:
         """Queue a request's rows and wait for its outputs (rows in the same order)."""
         if self._closed or self._task is None:
             raise Unavailable("the server is not accepting requests (draining or not started)")
@@ -122,8 +167,9 @@ class Batcher:
             raise Overloaded(
                 f"queue full: {self._queued_rows} rows waiting, bound {self._max_queued_rows}; retry later"
             )
-        future: asyncio.Future[Tensors] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._queues.setdefault(key, deque()).append(_Request(inputs, rows, future, self._clock()))
+        self._queued_requests += 1
         self._add_rows(key, rows)
         self._wakeup.set()
         return await future
@@ -140,6 +186,11 @@ class Batcher:
     def _add_rows(self, key: Hashable, rows: int) -> None:
         self._queued_rows += rows
         self._key_rows[key] = self._key_rows.get(key, 0) + rows
+        self._observer.queue_changed(self._queued_rows, self._queued_requests)
+
+    def _pop_head(self, queue: deque[_Request]) -> None:
+        queue.popleft()
+        self._queued_requests -= 1
 
     async def _loop(self) -> None:
         while True:
@@ -159,7 +210,8 @@ class Batcher:
         for key in list(self._queues):
             queue = self._queues[key]
             while queue and queue[0].future.done():
-                dropped = queue.popleft()
+                dropped = queue[0]
+                self._pop_head(queue)
                 self._add_rows(key, -(dropped.rows - dropped.next_row))
             if not queue:
                 del self._queues[key]
@@ -207,35 +259,49 @@ class Batcher:
             request = queue[0]
             left = request.rows - request.next_row
             if request.future.done():
-                queue.popleft()
+                self._pop_head(queue)
                 self._add_rows(key, -left)
                 continue
             n = min(left, budget)
             slices.append(_Slice(request, request.next_row, request.next_row + n))
             request.next_row += n
             budget -= n
-            self._add_rows(key, -n)
             if request.next_row == request.rows:
-                queue.popleft()
+                self._pop_head(queue)
+            self._add_rows(key, -n)
         if queue is not None and not queue:
             del self._queues[key]
             del self._key_rows[key]
         return slices
 
+    def _timed_run(self, key: Hashable, batch: Tensors) -> tuple[Tensors, float]:
+        started = self._clock()
+        outputs = self._run_batch(key, batch)
+        return outputs, self._clock() - started
+
     async def _execute(self, key: Hashable, slices: list[_Slice]) -> None:
         live = [s for s in slices if not s.request.future.done()]
+        if not live:
+            self._slots.release()
+            return
+        rows = sum(s.rows for s in live)
+        self._observer.batch_started(rows)
+        seconds: float | None = None
         try:
-            if not live:
-                return
             batch = concat_rows([s.inputs() for s in live])
-            rows = sum(s.rows for s in live)
             loop = asyncio.get_running_loop()
-            outputs = await loop.run_in_executor(self._executor, self._run_batch, key, batch)
+            outputs, elapsed = await loop.run_in_executor(self._executor, self._timed_run, key, batch)
             check_rows(outputs, rows, "batch")
+            seconds = elapsed
+            now = self._clock()
             for s, part in zip(live, split_rows(outputs, [s.rows for s in live]), strict=True):
-                s.request.deliver(s.start, part, s.rows)
+                queue_seconds = s.request.deliver(s.start, part, s.rows, elapsed, now)
+                if queue_seconds is not None:
+                    self._observer.request_finished(queue_seconds)
         except Exception as exc:
+            seconds = None
             for s in live:
                 s.request.fail(exc)
         finally:
+            self._observer.batch_finished(seconds)
             self._slots.release()

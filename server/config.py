@@ -35,6 +35,14 @@ class Settings:
     """HTTP port for Prometheus /metrics; 0 picks a free one, -1 disables."""
     max_message_bytes: int
     """Largest gRPC message accepted or sent."""
+    drain_delay_s: float
+    """After SIGTERM/SIGINT: keep accepting this long (health already NOT_SERVING) so load
+    balancers can take the pod out, before refusing new RPCs."""
+    grace_period_s: float
+    """After SIGTERM/SIGINT: exit (0) within this long, having finished every accepted request."""
+    log_format: str
+    """text or json."""
+    log_level: str
 
     @property
     def batch_timeout_s(self) -> float:
@@ -92,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Prometheus /metrics HTTP port (default 8501; 0 = any free port; -1 = off)")
     p.add_argument("--max-message-bytes", type=_positive_int, default=64 * 1024 * 1024,
                    help="largest gRPC message received or sent (default 64 MiB)")
+    p.add_argument("--drain-delay-s", type=_non_negative_float, default=2.0,
+                   help="on SIGTERM/SIGINT keep accepting this long after health turns NOT_SERVING (default 2)")
+    p.add_argument("--grace-period-s", type=_non_negative_float, default=25.0,
+                   help="on SIGTERM/SIGINT finish accepted requests and exit within this long (default 25)")
+    p.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format (default text)")
+    p.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO",
+                   help="least severe level logged (default INFO)")
     return p
 
 
@@ -116,6 +131,9 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
             parser.error(f"{_env_name(action)}={raw!r}: {exc}")
     parser.set_defaults(**env_defaults)
     ns = parser.parse_args(argv)
+    if ns.drain_delay_s >= ns.grace_period_s:
+        parser.error(f"--drain-delay-s ({ns.drain_delay_s}) must be shorter than --grace-period-s "
+                     f"({ns.grace_period_s})")
     if ns.model_name is None:
         ns.model_name = (
             "demo" if ns.model_base_path is None

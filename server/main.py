@@ -1,42 +1,57 @@
-"""Composition root: settings -> devices -> model -> replicas -> batcher -> servicer -> grpc.aio.
+"""Composition root and lifecycle.
 
-TensorFlow-touching steps run in a fixed order: logical devices must be configured before
-anything (the demo model build included) initialises the runtime.
+Start: the gRPC port opens first, with health NOT_SERVING and Predict answering UNAVAILABLE, so
+probes see the truth while TensorFlow loads. Then, on a worker thread: devices (before anything
+initialises the TensorFlow runtime), the model under the strategy's scope, one runner per
+signature, warm-up. Then the batcher, health SERVING, and one start-up line.
+
+Stop (SIGTERM or SIGINT), in the order of architecture.md, example 9: health NOT_SERVING while
+still accepting for --drain-delay-s; then refuse new RPCs and finish every accepted one (queued
+and in flight); exit 0 within --grace-period-s of the signal.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
-import sys
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import grpc
 from prometheus_client import start_http_server
 
 from protos.tensorflow_serving import prediction_service_pb2_grpc
-from server import metrics
+from server import logs, metrics
 from server.assembly import Tensors
 from server.batcher import Batcher
 from server.config import Settings, parse_settings
+from server.health import Health, add_health_and_reflection
 from server.prediction import Predictor
 from server.servicer import PredictionServicer
 from server.signatures import BatchKey
 
+if TYPE_CHECKING:  # these import TensorFlow; at run time they load on the loader thread
+    from server.model import LoadedModel
+    from server.replicas import SignatureRunner
+
 log = logging.getLogger("server")
 
 
-def _grpc_options(settings: Settings) -> list[tuple[str, int]]:
-    return [
-        ("grpc.max_receive_message_length", settings.max_message_bytes),
-        ("grpc.max_send_message_length", settings.max_message_bytes),
-    ]
+@dataclasses.dataclass
+class Loaded:
+    """What the loader thread hands back to the event loop."""
+
+    model: LoadedModel
+    devices: list[str]
+    runners: dict[str, SignatureRunner]
 
 
-async def serve(settings: Settings) -> None:
-    # Imported here: these pull in TensorFlow, and --help should not.
+def load_model(settings: Settings) -> Loaded:
+    """Everything that touches TensorFlow at start-up; blocking, so it runs off the event loop."""
     from server import demo_model, model, replicas
 
     devices = replicas.configure_devices(settings.replicas)
@@ -46,7 +61,6 @@ async def serve(settings: Settings) -> None:
     info = loaded.info
     for name, problem in info.unservable.items():
         log.warning("signature '%s' will not be served: %s", name, problem)
-
     replica_rows = [metrics.REPLICA_ROWS.labels(info.name, str(i)) for i in range(len(devices))]
     runners = {
         name: replicas.SignatureRunner(
@@ -59,28 +73,36 @@ async def serve(settings: Settings) -> None:
     }
     for runner in runners.values():
         runner.warm_up()
+    return Loaded(loaded, devices, runners)
 
-    batch_rows = metrics.BATCH_ROWS.labels(info.name)
 
-    def run_batch(key: object, batch: Tensors) -> Tensors:
-        assert isinstance(key, BatchKey)
-        batch_rows.observe(next(iter(batch.values())).shape[0])
-        return runners[key.signature](batch)
+def _grpc_options(settings: Settings) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+    ]
 
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
-    batcher = Batcher(
-        run_batch, executor,
-        max_batch_rows=settings.max_batch_size,
-        timeout_s=settings.batch_timeout_s,
-        max_queued_rows=settings.max_queued_rows,
-    )
-    batcher.start()
-    predictor = Predictor(info, batcher)
 
+async def serve(settings: Settings) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    stop_requested_at: list[float] = []
+
+    def request_stop(signum: int) -> None:
+        if not stop_requested_at:
+            stop_requested_at.append(time.monotonic())
+            log.info("received %s", signal.Signals(signum).name)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, request_stop, sig)
+
+    health = Health()
+    await health.set_serving(False)
+    servicer = PredictionServicer(settings.model_name, settings.max_message_bytes)
     server = grpc.aio.server(options=_grpc_options(settings))
-    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-        PredictionServicer(predictor, settings.max_message_bytes, loaded.signature_defs), server
-    )
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(servicer, server)
+    add_health_and_reflection(server, health)
     port = server.add_insecure_port(f"[::]:{settings.port}")
     if port == 0:
         raise OSError(f"could not bind gRPC port {settings.port}")
@@ -89,35 +111,65 @@ async def serve(settings: Settings) -> None:
         http_server, _ = start_http_server(settings.metrics_port)
         metrics_port = http_server.server_port
     await server.start()
+    log.info("listening grpc_port=%d metrics_port=%d; loading model (health NOT_SERVING)", port, metrics_port)
+
+    loaded = await loop.run_in_executor(None, load_model, settings)
+    info = loaded.model.info
+    ready_gauge = metrics.MODEL_READY.labels(info.name, str(info.version))
+
+    def run_batch(key: object, batch: Tensors) -> Tensors:
+        assert isinstance(key, BatchKey)
+        return loaded.runners[key.signature](batch)
+
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+    batcher = Batcher(
+        run_batch, executor,
+        max_batch_rows=settings.max_batch_size,
+        timeout_s=settings.batch_timeout_s,
+        max_queued_rows=settings.max_queued_rows,
+        observer=metrics.BatcherMetrics(info.name),
+    )
+    batcher.start()
+    servicer.ready(Predictor(info, batcher), loaded.model.signature_defs)
+    if not stop.is_set():
+        await health.set_serving(True)
+        ready_gauge.set(1)
+    effective = " ".join(f"{k}={v}" for k, v in dataclasses.asdict(settings).items())
     log.info(
         "serving model=%s version=%d signatures=%s path=%s grpc_port=%d metrics_port=%d replicas=%d "
-        "devices=%s max_batch_size=%d batch_timeout_ms=%g max_queued_rows=%d",
-        info.name, info.version, ",".join(sorted(runners)), loaded.path, port, metrics_port,
-        len(devices), ",".join(devices), settings.max_batch_size, settings.batch_timeout_ms,
-        settings.max_queued_rows,
+        "devices=%s max_batch_size=%d batch_timeout_ms=%g max_queued_rows=%d | settings: %s",
+        info.name, info.version, ",".join(sorted(loaded.runners)), loaded.model.path, port, metrics_port,
+        len(loaded.devices), ",".join(loaded.devices), settings.max_batch_size, settings.batch_timeout_ms,
+        settings.max_queued_rows, effective,
     )
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("stopping: finishing accepted requests")
-    await server.stop(grace=10)
+    await health.start_drain()
+    ready_gauge.set(0)
+    log.info("draining: health NOT_SERVING; still accepting for %gs", settings.drain_delay_s)
+    await asyncio.sleep(settings.drain_delay_s)
+    # Refuse in our own handlers first (a clean UNAVAILABLE) while the accepted requests finish;
+    # grpc's own stop comes after, when nothing of ours is left in flight. Calls caught inside
+    # grpc's queue at that instant are cancelled by grpc itself.
+    servicer.refuse_new()
+    deadline = stop_requested_at[0] + settings.grace_period_s - 0.5  # leave time to exit
+    log.info("refusing new RPCs; finishing %d accepted", servicer.in_flight)
+    while servicer.in_flight and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    await server.stop(grace=max(deadline - time.monotonic(), 0.1))
     await batcher.drain()
     executor.shutdown(wait=True)
-    log.info("stopped")
+    lost = servicer.accepted - servicer.answered
+    log.log(logging.WARNING if lost else logging.INFO,
+            "drained: accepted=%d answered=%d", servicer.accepted, servicer.answered)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure(settings.log_format, settings.log_level)
     try:
         asyncio.run(serve(settings))
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return 2
     return 0

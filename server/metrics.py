@@ -1,11 +1,12 @@
 """Prometheus metrics, declared once at import (architecture.md, example 12).
 
-Names carry base units, histograms have explicit buckets, and label sets are small and fixed.
+Names carry base units, histograms have explicit buckets (aggregatable across pods, unlike
+summaries), and label sets are small and fixed: model, method, code, replica, version.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
@@ -22,6 +23,16 @@ REQUEST_SECONDS = Histogram(
     "Server-side time from receiving an RPC to its answer, by model and method.",
     ["model", "method"], buckets=LATENCY_BUCKETS,
 )
+QUEUE_SECONDS = Histogram(
+    "mirrorserve_queue_duration_seconds",
+    "Time a request spent in the batcher not computing: queued before its batch (and between its "
+    "batches when it was split). Same value as the mirrorserve-queue-seconds trailer.",
+    ["model"], buckets=LATENCY_BUCKETS,
+)
+BATCH_SECONDS = Histogram(
+    "mirrorserve_batch_duration_seconds", "Execution time of one batch across all replicas.",
+    ["model"], buckets=LATENCY_BUCKETS,
+)
 BATCH_ROWS = Histogram(
     "mirrorserve_batch_rows", "Rows per executed batch (all replicas together).",
     ["model"], buckets=ROW_BUCKETS,
@@ -29,7 +40,42 @@ BATCH_ROWS = Histogram(
 REPLICA_ROWS = Counter(
     "mirrorserve_replica_rows_total", "Rows executed by each replica.", ["model", "replica"],
 )
+QUEUE_ROWS = Gauge("mirrorserve_queue_rows", "Rows waiting for a batch.", ["model"])
+QUEUE_REQUESTS = Gauge("mirrorserve_queue_requests", "Requests with rows waiting for a batch.", ["model"])
+BATCHES_IN_FLIGHT = Gauge("mirrorserve_batches_in_flight", "Batches executing now.", ["model"])
+MODEL_READY = Gauge(
+    "mirrorserve_model_ready", "1 while the model is loaded, warmed up and serving; 0 while loading or draining.",
+    ["model", "version"],
+)
 TRACES = Counter(
     "mirrorserve_tf_function_traces_total",
     "tf.function traces of the replica program; flat in steady state.", ["model", "signature"],
 )
+
+
+class BatcherMetrics:
+    """The batcher's observer (server.batcher.BatchObserver), with the model label bound once."""
+
+    def __init__(self, model: str) -> None:
+        self._queue_rows = QUEUE_ROWS.labels(model)
+        self._queue_requests = QUEUE_REQUESTS.labels(model)
+        self._in_flight = BATCHES_IN_FLIGHT.labels(model)
+        self._batch_rows = BATCH_ROWS.labels(model)
+        self._batch_seconds = BATCH_SECONDS.labels(model)
+        self._queue_seconds = QUEUE_SECONDS.labels(model)
+
+    def queue_changed(self, rows: int, requests: int) -> None:
+        self._queue_rows.set(rows)
+        self._queue_requests.set(requests)
+
+    def batch_started(self, rows: int) -> None:
+        self._in_flight.inc()
+        self._batch_rows.observe(rows)
+
+    def batch_finished(self, seconds: float | None) -> None:
+        self._in_flight.dec()
+        if seconds is not None:
+            self._batch_seconds.observe(seconds)
+
+    def request_finished(self, queue_seconds: float) -> None:
+        self._queue_seconds.observe(queue_seconds)

@@ -3,12 +3,12 @@ signature a request addresses, whether its inputs fit, and which outputs it gets
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from server.assembly import Tensors
-from server.batcher import Batcher
+from server.batcher import Answer, Batcher
 from server.errors import InvalidInput, NotFound
 from server.signatures import DEFAULT_SIGNATURE, ModelInfo, Signature
 
@@ -45,9 +45,9 @@ class Predictor:
 
     async def predict(
         self, signature: Signature, inputs: Mapping[str, np.ndarray], output_filter: Iterable[str]
-    ) -> Tensors:
+    ) -> Answer:
         """Validate, queue for a batch, and return the requested outputs of this request's rows."""
         names = signature.select_outputs(output_filter)
         rows = signature.validate(inputs)
-        outputs = await self._batcher.submit(signature.batch_key(inputs), inputs, rows)
-        return {n: outputs[n] for n in names}
+        answer = await self._batcher.submit(signature.batch_key(inputs), inputs, rows)
+        return dataclasses.replace(answer, outputs={n: answer.outputs[n] for n in names})

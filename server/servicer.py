@@ -35,6 +35,8 @@ STATUS_FOR: dict[type[ServingError], grpc.StatusCode] = {
     ModelFailure: grpc.StatusCode.INTERNAL,
 }
 SIGNATURE_DEF = "signature_def"
+QUEUE_TRAILER = "mirrorserve-queue-seconds"
+COMPUTE_TRAILER = "mirrorserve-compute-seconds"
 
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
@@ -58,42 +60,82 @@ def _version_choice(spec: Any) -> tuple[int | None, str | None]:
 
 
 class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
-    def __init__(self, predictor: Predictor, max_tensor_bytes: int, signature_defs: dict[str, Any]) -> None:
-        self._predictor = predictor
+    """Answers UNAVAILABLE until `ready()` hands it the loaded model's Predictor.
+
+    `accepted` and `answered` count Predict calls that reached the handler and that left it, so a
+    drain can tell that nothing accepted was lost. After `refuse_new()` every new call is answered
+    UNAVAILABLE at once and is not counted as accepted.
+    """
+
+    def __init__(self, model_name: str, max_tensor_bytes: int) -> None:
+        self._model_name = model_name
         self._max_tensor_bytes = max_tensor_bytes
+        self._predictor: Predictor | None = None
+        self._signature_defs: dict[str, Any] = {}
+        self.accepted = 0
+        self.answered = 0
+        self._refusing = False
+
+    @property
+    def in_flight(self) -> int:
+        return self.accepted - self.answered
+
+    def refuse_new(self) -> None:
+        self._refusing = True
+
+    def ready(self, predictor: Predictor, signature_defs: dict[str, Any]) -> None:
         self._signature_defs = signature_defs
+        self._predictor = predictor
+
+    def _loaded(self) -> Predictor:
+        if self._predictor is None:
+            raise Unavailable(f"model '{self._model_name}' is loading; retry shortly")
+        return self._predictor
 
     async def Predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         started = time.perf_counter()
-        model = self._predictor.model
+        if self._refusing:
+            await self._refuse("Predict", context, started)
+        self.accepted += 1
         try:
-            spec = request.model_spec
-            self._predictor.check_model(spec.name, *_version_choice(spec))
-            signature = self._predictor.signature(spec.signature_name)
-            inputs = {
-                name: codec.to_ndarray(tensor, name=name, max_bytes=self._max_tensor_bytes)
-                for name, tensor in request.inputs.items()
-            }
-            outputs = await self._predictor.predict(signature, inputs, request.output_filter)
-            response = predict_pb2.PredictResponse()
-            response.model_spec.name = model.name
-            response.model_spec.version.value = model.version
-            response.model_spec.signature_name = signature.name
-            for name, array in outputs.items():
-                response.outputs[name].CopyFrom(codec.to_tensor_proto(array))
-        except Exception as exc:  # every failure leaves through the status table
-            code, message = status_for(exc)
-            self._record("Predict", code, started)
-            await context.abort(code, message)
-        self._record("Predict", grpc.StatusCode.OK, started)
-        return response
+            try:
+                predictor = self._loaded()
+                spec = request.model_spec
+                predictor.check_model(spec.name, *_version_choice(spec))
+                signature = predictor.signature(spec.signature_name)
+                inputs = {
+                    name: codec.to_ndarray(tensor, name=name, max_bytes=self._max_tensor_bytes)
+                    for name, tensor in request.inputs.items()
+                }
+                answer = await predictor.predict(signature, inputs, request.output_filter)
+                response = predict_pb2.PredictResponse()
+                response.model_spec.name = predictor.model.name
+                response.model_spec.version.value = predictor.model.version
+                response.model_spec.signature_name = signature.name
+                for name, array in answer.outputs.items():
+                    response.outputs[name].CopyFrom(codec.to_tensor_proto(array))
+            except Exception as exc:  # every failure leaves through the status table
+                code, message = status_for(exc)
+                self._record("Predict", code, started)
+                await context.abort(code, message)
+            context.set_trailing_metadata((
+                (QUEUE_TRAILER, f"{answer.queue_seconds:.6f}"),
+                (COMPUTE_TRAILER, f"{answer.compute_seconds:.6f}"),
+            ))
+            self._record("Predict", grpc.StatusCode.OK, started)
+            return response
+        finally:
+            self.answered += 1
 
     async def GetModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         started = time.perf_counter()
-        model = self._predictor.model
+        if self._refusing:
+            await self._refuse("GetModelMetadata", context, started)
         try:
+            predictor = self._loaded()
+            model = predictor.model
             spec = request.model_spec
-            self._predictor.check_model(spec.name, *_version_choice(spec))
+            predictor.check_model(spec.name, *_version_choice(spec))
             fields = list(request.metadata_field)
             if not fields:
                 raise InvalidInput(f"metadata_field is empty; supported: {SIGNATURE_DEF}")
@@ -116,7 +158,10 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         self._record("GetModelMetadata", grpc.StatusCode.OK, started)
         return response
 
+    async def _refuse(self, method: str, context: grpc.aio.ServicerContext, started: float) -> None:
+        self._record(method, grpc.StatusCode.UNAVAILABLE, started)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry on another replica")
+
     def _record(self, method: str, code: grpc.StatusCode, started: float) -> None:
-        name = self._predictor.model.name
-        metrics.REQUESTS.labels(name, method, code.name).inc()
-        metrics.REQUEST_SECONDS.labels(name, method).observe(time.perf_counter() - started)
+        metrics.REQUESTS.labels(self._model_name, method, code.name).inc()
+        metrics.REQUEST_SECONDS.labels(self._model_name, method).observe(time.perf_counter() - started)

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-STARTED = re.compile(r"grpc_port=(\d+) metrics_port=(-?\d+)")
+SERVING = re.compile(r"serving model=.* grpc_port=(\d+) metrics_port=(-?\d+)")
+LISTENING = re.compile(r"listening grpc_port=(\d+) metrics_port=(-?\d+)")
 
 
 @dataclass
@@ -64,8 +65,8 @@ class ServerProcess:
 
 
 def start_server(args: list[str], log_path: Path, env: dict[str, str] | None = None,
-                 timeout: float = 120) -> ServerProcess:
-    """Start `python -m server` on free ports and wait for its start-up line."""
+                 timeout: float = 120, ready: bool = True) -> ServerProcess:
+    """Start `python -m server` on free ports; wait until it serves (or, ready=False, listens)."""
     log_file = log_path.open("wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "server", "--port", "0", "--metrics-port", "0", *args],
@@ -74,7 +75,7 @@ def start_server(args: list[str], log_path: Path, env: dict[str, str] | None = N
     )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        match = STARTED.search(log_path.read_text(errors="replace"))
+        match = (SERVING if ready else LISTENING).search(log_path.read_text(errors="replace"))
         if match:
             return ServerProcess(process, int(match.group(1)), int(match.group(2)), log_path)
         if process.poll() is not None:

@@ -16,7 +16,7 @@ def test_demo_server_and_cli_predict(tmp_path: Path) -> None:
     env = {"MIRRORSERVE_CACHE_DIR": str(cache), "MIRRORSERVE_MAX_BATCH_SIZE": "16", "MIRRORSERVE_REPLICAS": "2"}
     server = start_server([], tmp_path / "first.log", env=env)
     try:
-        line = next(x for x in server.log().splitlines() if "grpc_port=" in x)
+        line = next(x for x in server.log().splitlines() if "serving model=" in x)
         for fragment in ("model=demo", "version=1", "signatures=serving_default", "replicas=2",
                          "devices=/device:CPU:0,/device:CPU:1", "max_batch_size=16", "batch_timeout_ms=2",
                          "max_queued_rows=4096"):

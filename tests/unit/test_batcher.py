@@ -89,8 +89,9 @@ def request(first: int, rows: int, width: int = 1) -> Tensors:
     return {"x": np.repeat(column, width, axis=1)}
 
 
-def submit(batcher: Batcher, inputs: Tensors, key: Hashable = "k") -> Coroutine[Any, Any, Tensors]:
-    return batcher.submit(key, inputs, int(inputs["x"].shape[0]))
+async def submit(batcher: Batcher, inputs: Tensors, key: Hashable = "k") -> Tensors:
+    answer = await batcher.submit(key, inputs, int(inputs["x"].shape[0]))
+    return answer.outputs
 
 
 def assert_answer(inputs: Tensors, outputs: Tensors) -> None:
@@ -520,3 +521,74 @@ def test_full_batch_of_another_key_does_not_wait_behind_an_older_key(
         assert elapsed < 0.4, elapsed
 
     asyncio.run(main())
+
+
+class RecordingObserver:
+    def __init__(self) -> None:
+        self.queue: list[tuple[int, int]] = []
+        self.started: list[int] = []
+        self.finished: list[float | None] = []
+        self.request_queue_seconds: list[float] = []
+
+    def queue_changed(self, rows: int, requests: int) -> None:
+        self.queue.append((rows, requests))
+
+    def batch_started(self, rows: int) -> None:
+        self.started.append(rows)
+
+    def batch_finished(self, seconds: float | None) -> None:
+        self.finished.append(seconds)
+
+    def request_finished(self, queue_seconds: float) -> None:
+        self.request_queue_seconds.append(queue_seconds)
+
+
+def test_answer_timings_and_observer(model: FakeModel, executor: ThreadPoolExecutor) -> None:
+    """Queue time is the wait before the batch; compute is the batch's run; a split request pays
+    for every batch that carried its rows; the observer sees the same numbers."""
+
+    def slow(key: Hashable, batch: Tensors) -> Tensors:
+        time.sleep(0.05)
+        return double(key, batch)
+
+    model.respond = slow
+    observer = RecordingObserver()
+
+    async def main() -> None:
+        b = Batcher(model, executor, max_batch_rows=4, timeout_s=0.03, max_queued_rows=100, observer=observer)
+        b.start()
+        one = await b.submit("k", request(0, 1), 1)
+        split = await b.submit("k", request(10, 10), 10)  # 4 + 4 + 2 rows: three batches
+        await b.drain()
+        assert 0.025 < one.queue_seconds < 0.2, one
+        assert 0.045 < one.compute_seconds < 0.2, one
+        assert 0.14 < split.compute_seconds < 0.6, split
+        assert split.queue_seconds < 0.2, split
+        np.testing.assert_array_equal(split.outputs["y"], request(10, 10)["x"] * 2)
+
+    asyncio.run(main())
+    assert observer.started == [1, 4, 4, 2]
+    assert len(observer.finished) == 4 and all(s is not None and s >= 0.045 for s in observer.finished)
+    assert len(observer.request_queue_seconds) == 2
+    assert observer.queue[0] == (1, 1) and observer.queue[-1] == (0, 0)
+    assert (10, 1) in observer.queue  # the split request queued whole
+    assert max(rows for rows, _ in observer.queue) == 10
+
+
+def test_failed_batch_reports_no_duration(model: FakeModel, executor: ThreadPoolExecutor) -> None:
+    def broken(key: Hashable, batch: Tensors) -> Tensors:
+        raise RuntimeError("boom")
+
+    model.respond = broken
+    observer = RecordingObserver()
+
+    async def main() -> None:
+        b = Batcher(model, executor, max_batch_rows=4, timeout_s=0.0, max_queued_rows=100, observer=observer)
+        b.start()
+        with pytest.raises(RuntimeError, match="boom"):
+            await b.submit("k", request(0, 2), 2)
+        await b.drain()
+
+    asyncio.run(main())
+    assert observer.started == [2] and observer.finished == [None]
+    assert observer.request_queue_seconds == []

@@ -46,11 +46,13 @@ def test_all_flags() -> None:
     s = parse(
         "--model-base-path", "/m/a", "--model-name", "n", "--port", "0", "--replicas", "4",
         "--max-batch-size", "8", "--batch-timeout-ms", "0.5", "--max-queued-rows", "100",
-        "--metrics-port", "-1", "--max-message-bytes", "1024",
+        "--metrics-port", "-1", "--max-message-bytes", "1024", "--drain-delay-s", "0.5",
+        "--grace-period-s", "9", "--log-format", "json", "--log-level", "DEBUG",
     )
     assert s == Settings(
         model_base_path="/m/a", model_name="n", port=0, replicas=4, max_batch_size=8,
         batch_timeout_ms=0.5, max_queued_rows=100, metrics_port=-1, max_message_bytes=1024,
+        drain_delay_s=0.5, grace_period_s=9.0, log_format="json", log_level="DEBUG",
     )
     assert s.batch_timeout_s == pytest.approx(0.0005)
     assert parse("--batch-timeout-ms", "0").batch_timeout_ms == 0.0
@@ -158,3 +160,13 @@ def test_invalid_environment_exits_naming_the_variable(
 def test_grpc_port_minus_one_refused() -> None:
     with pytest.raises(SystemExit):
         parse("--port", "-1")
+
+
+def test_drain_settings() -> None:
+    s = parse()
+    assert (s.drain_delay_s, s.grace_period_s, s.log_format, s.log_level) == (2.0, 25.0, "text", "INFO")
+    assert parse(MIRRORSERVE_DRAIN_DELAY_S="0", MIRRORSERVE_GRACE_PERIOD_S="3").grace_period_s == 3.0
+    with pytest.raises(SystemExit):
+        parse("--drain-delay-s", "5", "--grace-period-s", "5")  # the delay must leave time to finish
+    with pytest.raises(SystemExit):
+        parse("--log-format", "xml")

@@ -1,0 +1,141 @@
+"""A real Prometheus (Debian's package, installed by `make test`) scrapes the server on loopback;
+what it reads back through its HTTP API matches what the test sent and saw."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client import AsyncPredictClient
+from tests.integration.conftest import ServerProcess, start_server
+
+REQUESTS = 400
+CONCURRENCY = 32
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Prometheus:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def query(self, expr: str) -> float | None:
+        """The single value of an instant query, or None when the result is empty."""
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = json.load(response)
+        assert body["status"] == "success", body
+        result = body["data"]["result"]
+        return float(result[0]["value"][1]) if result else None
+
+    def wait_for(self, expr: str, want: float, timeout: float = 30) -> float | None:
+        deadline = time.monotonic() + timeout
+        value = None
+        while time.monotonic() < deadline:
+            value = self.query(expr)
+            if value == want:
+                return value
+            time.sleep(0.5)
+        return value
+
+
+@pytest.fixture
+def demo_server(model_dirs: dict[str, Path], tmp_path: Path) -> Iterator[ServerProcess]:
+    server = start_server(["--model-base-path", str(model_dirs["demo"]), "--model-name", "demo",
+                           "--replicas", "2", "--batch-timeout-ms", "5"], tmp_path / "server.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def prometheus(demo_server: ServerProcess, tmp_path: Path) -> Iterator[Prometheus]:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.fail("prometheus is not installed; `make test` installs Debian's package")
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n  - job_name: mirrorserve\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{demo_server.metrics_port}']\n"
+    )
+    port = free_port()
+    log = (tmp_path / "prometheus.log").open("wb")
+    process = subprocess.Popen(
+        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()
+            time.sleep(0.2)
+        yield Prometheus(url)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+async def send(target: str) -> list[float]:
+    """REQUESTS one-row requests from CONCURRENCY concurrent callers; client latencies in seconds."""
+    latencies: list[float] = []
+    rng = np.random.default_rng(7)
+    inputs = [rng.standard_normal((1, 8)).astype(np.float32) for _ in range(REQUESTS)]
+    async with AsyncPredictClient(target) as client:
+        async def caller(index: int) -> None:
+            for i in range(index, REQUESTS, CONCURRENCY):
+                started = time.perf_counter()
+                await client.predict("demo", {"x": inputs[i]}, timeout=30)
+                latencies.append(time.perf_counter() - started)
+
+        await asyncio.gather(*(caller(c) for c in range(CONCURRENCY)))
+    return latencies
+
+
+def test_prometheus_reads_back_what_was_sent(demo_server: ServerProcess, prometheus: Prometheus) -> None:
+    assert prometheus.wait_for('up{job="mirrorserve"}', 1.0) == 1.0
+    assert prometheus.query('mirrorserve_model_ready{model="demo",version="1"}') == 1.0
+    latencies = asyncio.run(send(demo_server.target))
+    assert len(latencies) == REQUESTS
+
+    count = prometheus.wait_for(
+        'sum(mirrorserve_requests_total{model="demo",method="Predict",code="OK"})', float(REQUESTS))
+    p99 = prometheus.query(
+        'histogram_quantile(0.99, sum by (le) (mirrorserve_request_duration_seconds_bucket{method="Predict"}))')
+    batches = prometheus.query('sum(mirrorserve_batch_rows_count{model="demo"})')
+    multi_row = prometheus.query(
+        'sum(mirrorserve_batch_rows_count{model="demo"}) - sum(mirrorserve_batch_rows_bucket{model="demo",le="1.0"})')
+    mean_rows = prometheus.query(
+        'sum(mirrorserve_batch_rows_sum{model="demo"}) / sum(mirrorserve_batch_rows_count{model="demo"})')
+    traces = prometheus.query('sum(mirrorserve_tf_function_traces_total{model="demo"})')
+    slowest = max(latencies)
+    print(f"prometheus: requests={count} p99={p99} slowest_client={slowest:.4f}s batches={batches} "
+          f"batches_over_1_row={multi_row} mean_rows={mean_rows} traces={traces}")
+
+    assert count == REQUESTS
+    assert p99 is not None and 0 < p99 < slowest
+    assert multi_row is not None and multi_row > 0, "no batch larger than one row under concurrent load"
+    assert mean_rows is not None and mean_rows > 1
+    assert traces == 1.0
