@@ -9,8 +9,11 @@ Policy (see architecture.md, examples 2-5):
   arrival, rows that queued while the model was busy go out without further delay.
 - At most `max_inflight` batches execute at once; while they run, the next batch keeps filling.
 - The queue is bounded in rows: a request that would overflow it is refused at once (Overloaded).
+  A request that dies while queued (cancelled, or past its deadline) gives its rows back at once.
 - Requests with different batch keys (signature, non-batch dimensions) never share a batch.
-- A cancelled request is dropped before compute; a failing batch fails only its own requests.
+- Cancelled and expired requests are dropped before compute: the model never sees their rows.
+- When a batch fails, its requests are re-run in halves (bisection) so that only the requests
+  that make the model fail get the error; their well-formed neighbours still succeed.
 
 The batcher owns time and futures; row offsets live in `assembly`.
 """
@@ -28,7 +31,7 @@ from typing import Protocol
 import numpy as np
 
 from server.assembly import Tensors, check_rows, concat_rows, split_rows
-from server.errors import Overloaded, Unavailable
+from server.errors import DeadlineExceeded, Overloaded, Unavailable
 
 RunBatch = Callable[[Hashable, Tensors], Tensors]
 """Blocking model call for one batch; runs on the executor, never on the event loop."""
@@ -42,6 +45,8 @@ class BatchObserver(Protocol):
     def batch_finished(self, seconds: float | None) -> None:
         """seconds is None when the batch failed."""
     def request_finished(self, queue_seconds: float) -> None: ...
+    def request_dropped(self, reason: str) -> None:
+        """reason: "deadline" or "cancelled"; the request never reached the model."""
 
 
 class _NoObserver:
@@ -57,6 +62,9 @@ class _NoObserver:
     def request_finished(self, queue_seconds: float) -> None:
         pass
 
+    def request_dropped(self, reason: str) -> None:
+        pass
+
 
 @dataclass(frozen=True)
 class Answer:
@@ -70,15 +78,20 @@ class Answer:
 
 @dataclass(eq=False)
 class _Request:
+    key: Hashable
     inputs: Mapping[str, np.ndarray]
     rows: int
     future: asyncio.Future[Answer]
     enqueued_at: float
+    deadline: float | None
     next_row: int = 0
-    """Rows before this one have been handed to a batch."""
+    """Rows before this one have been handed to a batch (or given back, once the request died)."""
     parts: dict[int, Tensors] = field(default_factory=dict)
     done_rows: int = 0
     compute_seconds: float = 0.0
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
 
     def deliver(self, start: int, outputs: Tensors, rows: int, compute_seconds: float, now: float) -> float | None:
         """Record one part; when it completes the request, resolve it and return its queue time."""
@@ -148,7 +161,7 @@ class Batcher:
 
     @property
     def queued_rows(self) -> int:
-        """Rows waiting for a batch (cancelled requests count until swept)."""
+        """Rows waiting for a batch."""
         return self._queued_rows
 
     def start(self) -> None:
@@ -157,8 +170,14 @@ class Batcher:
         self._slots = asyncio.Semaphore(self._max_inflight)
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="batcher")
 
-    async def submit(self, key: Hashable, inputs: Mapping[str, np.ndarray], rows: int) -> Answer:
-        """Queue a request's rows and wait for its outputs (rows in the same order)."""
+    async def submit(
+        self, key: Hashable, inputs: Mapping[str, np.ndarray], rows: int, *, deadline: float | None = None
+    ) -> Answer:
+        """Queue a request's rows and wait for its outputs (rows in the same order).
+
+        `deadline` is on this batcher's clock; a request still queued when it passes is dropped
+        and fails with DeadlineExceeded.
+        """
         if self._closed or self._task is None:
             raise Unavailable("the server is not accepting requests (draining or not started)")
         if rows > self._max_queued_rows:
@@ -167,10 +186,16 @@ class Batcher:
             raise Overloaded(
                 f"queue full: {self._queued_rows} rows waiting, bound {self._max_queued_rows}; retry later"
             )
+        now = self._clock()
+        if deadline is not None and now >= deadline:
+            self._observer.request_dropped("deadline")
+            raise DeadlineExceeded("the deadline passed before the request was queued")
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-        self._queues.setdefault(key, deque()).append(_Request(inputs, rows, future, self._clock()))
+        request = _Request(key, inputs, rows, future, now, deadline)
+        self._queues.setdefault(key, deque()).append(request)
         self._queued_requests += 1
         self._add_rows(key, rows)
+        future.add_done_callback(lambda _: self._release(request))
         self._wakeup.set()
         return await future
 
@@ -187,6 +212,26 @@ class Batcher:
         self._queued_rows += rows
         self._key_rows[key] = self._key_rows.get(key, 0) + rows
         self._observer.queue_changed(self._queued_rows, self._queued_requests)
+
+    def _release(self, request: _Request) -> None:
+        """A request that finished while rows of it were still queued gives them back."""
+        left = request.rows - request.next_row
+        if left and request.key in self._key_rows:
+            request.next_row = request.rows
+            self._add_rows(request.key, -left)
+
+    def _drop_dead(self, request: _Request, now: float) -> bool:
+        """Fail or forget a queued request that must not reach the model; True if it was dead."""
+        if request.future.done():
+            if request.future.cancelled() and request.done_rows == 0:
+                self._observer.request_dropped("deadline" if request.expired(now) else "cancelled")
+        elif request.expired(now):
+            self._observer.request_dropped("deadline")
+            request.fail(DeadlineExceeded("the deadline passed while the request was queued"))
+        else:
+            return False
+        self._release(request)
+        return True
 
     def _pop_head(self, queue: deque[_Request]) -> None:
         queue.popleft()
@@ -205,20 +250,22 @@ class Batcher:
             task.add_done_callback(self._inflight.discard)
 
     def _oldest_key(self) -> tuple[Hashable, _Request] | None:
-        """The key whose head request has waited longest, sweeping cancelled heads."""
+        """The key whose head request has waited longest, sweeping dead heads."""
         best: tuple[Hashable, _Request] | None = None
+        now = self._clock()
         for key in list(self._queues):
             queue = self._queues[key]
-            while queue and queue[0].future.done():
-                dropped = queue[0]
+            while queue and self._drop_dead(queue[0], now):
                 self._pop_head(queue)
-                self._add_rows(key, -(dropped.rows - dropped.next_row))
             if not queue:
                 del self._queues[key]
                 del self._key_rows[key]
             elif best is None or queue[0].enqueued_at < best[1].enqueued_at:
                 best = (key, queue[0])
         return best
+
+    def _full_key(self) -> Hashable | None:
+        return next((k for k, rows in self._key_rows.items() if rows >= self._max_batch_rows), None)
 
     async def _next_batch(self) -> tuple[Hashable, list[_Slice]]:
         while True:
@@ -247,22 +294,18 @@ class Batcher:
             if slices:
                 return key, slices
 
-    def _full_key(self) -> Hashable | None:
-        return next((k for k, rows in self._key_rows.items() if rows >= self._max_batch_rows), None)
-
     def _take(self, key: Hashable) -> list[_Slice]:
-        """Cut up to max_batch_rows rows off the front of key's queue."""
+        """Cut up to max_batch_rows live rows off the front of key's queue."""
         queue = self._queues.get(key)
         slices: list[_Slice] = []
         budget = self._max_batch_rows
+        now = self._clock()
         while queue and budget > 0:
             request = queue[0]
-            left = request.rows - request.next_row
-            if request.future.done():
+            if self._drop_dead(request, now):
                 self._pop_head(queue)
-                self._add_rows(key, -left)
                 continue
-            n = min(left, budget)
+            n = min(request.rows - request.next_row, budget)
             slices.append(_Slice(request, request.next_row, request.next_row + n))
             request.next_row += n
             budget -= n
@@ -280,10 +323,35 @@ class Batcher:
         return outputs, self._clock() - started
 
     async def _execute(self, key: Hashable, slices: list[_Slice]) -> None:
-        live = [s for s in slices if not s.request.future.done()]
-        if not live:
+        try:
+            now = self._clock()
+            # Last look before compute: a request cancelled or expired since it was taken is
+            # dropped (its other slices, if any, are skipped since its future is done).
+            for s in slices:
+                if s.request.expired(now) and not s.request.future.done():
+                    self._observer.request_dropped("deadline")
+                    s.request.fail(DeadlineExceeded("the deadline passed while the request was queued"))
+            await self._run_isolating(key, [s for s in slices if not s.request.future.done()])
+        finally:
             self._slots.release()
+
+    async def _run_isolating(self, key: Hashable, live: list[_Slice]) -> None:
+        """Run the slices as one batch; if it fails, re-run each half, down to single requests."""
+        if not live:
             return
+        error = await self._run_once(key, live)
+        if error is None:
+            return
+        requests = list(dict.fromkeys(s.request for s in live))
+        if len(requests) == 1:
+            requests[0].fail(error)
+            return
+        half = requests[: len(requests) // 2]
+        first = [s for s in live if s.request in half]
+        await self._run_isolating(key, first)
+        await self._run_isolating(key, [s for s in live if s.request not in half and not s.request.future.done()])
+
+    async def _run_once(self, key: Hashable, live: list[_Slice]) -> Exception | None:
         rows = sum(s.rows for s in live)
         self._observer.batch_started(rows)
         seconds: float | None = None
@@ -293,15 +361,13 @@ class Batcher:
             outputs, elapsed = await loop.run_in_executor(self._executor, self._timed_run, key, batch)
             check_rows(outputs, rows, "batch")
             seconds = elapsed
-            now = self._clock()
-            for s, part in zip(live, split_rows(outputs, [s.rows for s in live]), strict=True):
-                queue_seconds = s.request.deliver(s.start, part, s.rows, elapsed, now)
-                if queue_seconds is not None:
-                    self._observer.request_finished(queue_seconds)
         except Exception as exc:
-            seconds = None
-            for s in live:
-                s.request.fail(exc)
+            return exc
         finally:
             self._observer.batch_finished(seconds)
-            self._slots.release()
+        now = self._clock()
+        for s, part in zip(live, split_rows(outputs, [s.rows for s in live]), strict=True):
+            queue_seconds = s.request.deliver(s.start, part, s.rows, elapsed, now)
+            if queue_seconds is not None:
+                self._observer.request_finished(queue_seconds)
+        return None

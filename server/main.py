@@ -24,14 +24,13 @@ from typing import TYPE_CHECKING
 import grpc
 from prometheus_client import start_http_server
 
-from protos.tensorflow_serving import prediction_service_pb2_grpc
 from server import logs, metrics
 from server.assembly import Tensors
 from server.batcher import Batcher
 from server.config import Settings, parse_settings
 from server.health import Health, add_health_and_reflection
 from server.prediction import Predictor
-from server.servicer import PredictionServicer
+from server.servicer import PredictionServicer, add_to_server
 from server.signatures import BatchKey
 
 if TYPE_CHECKING:  # these import TensorFlow; at run time they load on the loader thread
@@ -101,7 +100,7 @@ async def serve(settings: Settings) -> None:
     await health.set_serving(False)
     servicer = PredictionServicer(settings.model_name, settings.max_message_bytes)
     server = grpc.aio.server(options=_grpc_options(settings))
-    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(servicer, server)
+    add_to_server(servicer, server)
     add_health_and_reflection(server, health)
     port = server.add_insecure_port(f"[::]:{settings.port}")
     if port == 0:

@@ -47,6 +47,16 @@ MODEL_READY = Gauge(
     "mirrorserve_model_ready", "1 while the model is loaded, warmed up and serving; 0 while loading or draining.",
     ["model", "version"],
 )
+DROPPED = Counter(
+    "mirrorserve_dropped_requests_total",
+    "Requests dropped before compute because their deadline passed or their client cancelled.",
+    ["model", "reason"],
+)
+MODEL_FAILURES = Counter(
+    "mirrorserve_model_failures_total",
+    "Requests answered INTERNAL because the model failed on them (after isolating them from their batch).",
+    ["model"],
+)
 TRACES = Counter(
     "mirrorserve_tf_function_traces_total",
     "tf.function traces of the replica program; flat in steady state.", ["model", "signature"],
@@ -63,6 +73,7 @@ class BatcherMetrics:
         self._batch_rows = BATCH_ROWS.labels(model)
         self._batch_seconds = BATCH_SECONDS.labels(model)
         self._queue_seconds = QUEUE_SECONDS.labels(model)
+        self._dropped = {reason: DROPPED.labels(model, reason) for reason in ("deadline", "cancelled")}
 
     def queue_changed(self, rows: int, requests: int) -> None:
         self._queue_rows.set(rows)
@@ -79,3 +90,6 @@ class BatcherMetrics:
 
     def request_finished(self, queue_seconds: float) -> None:
         self._queue_seconds.observe(queue_seconds)
+
+    def request_dropped(self, reason: str) -> None:
+        self._dropped[reason].inc()

@@ -44,10 +44,14 @@ class Predictor:
         return signature
 
     async def predict(
-        self, signature: Signature, inputs: Mapping[str, np.ndarray], output_filter: Iterable[str]
+        self,
+        signature: Signature,
+        inputs: Mapping[str, np.ndarray],
+        output_filter: Iterable[str],
+        deadline: float | None = None,
     ) -> Answer:
         """Validate, queue for a batch, and return the requested outputs of this request's rows."""
         names = signature.select_outputs(output_filter)
         rows = signature.validate(inputs)
-        answer = await self._batcher.submit(signature.batch_key(inputs), inputs, rows)
+        answer = await self._batcher.submit(signature.batch_key(inputs), inputs, rows, deadline=deadline)
         return dataclasses.replace(answer, outputs={n: answer.outputs[n] for n in names})

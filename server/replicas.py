@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from server.assembly import Tensors, check_rows, concat_rows, replica_bounds
 from server.codec import dtype_enum
+from server.errors import ModelFailure
 from server.signatures import Signature
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,10 @@ class SignatureRunner:
         rows = next(iter(batch.values())).shape[0]
         bounds = replica_bounds(rows, self.replicas)
         chunks = [{name: array[lo:hi] for name, array in batch.items()} for lo, hi in bounds]
-        results = self._run_all(chunks)
+        try:
+            results = self._run_all(chunks)
+        except tf.errors.OpError as exc:
+            raise ModelFailure(f"signature '{self.signature.name}' failed on {rows} rows: {exc.message}") from exc
         outputs = []
         for replica, ((lo, hi), result) in enumerate(zip(bounds, results, strict=True)):
             arrays = {name: tensor.numpy() for name, tensor in result.items()}

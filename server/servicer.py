@@ -10,8 +10,9 @@ import time
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
-from protos.tensorflow_serving import get_model_metadata_pb2, predict_pb2, prediction_service_pb2_grpc
+from protos.tensorflow_serving import get_model_metadata_pb2, predict_pb2, prediction_service_pb2
 from server import codec, metrics
 from server.errors import (
     DeadlineExceeded,
@@ -59,8 +60,11 @@ def _version_choice(spec: Any) -> tuple[int | None, str | None]:
     return None, None
 
 
-class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
+class PredictionServicer:
     """Answers UNAVAILABLE until `ready()` hands it the loaded model's Predictor.
+
+    Handlers take the raw request bytes and parse them here, so a malformed message is an
+    INVALID_ARGUMENT naming the problem (grpc's own deserializer would answer INTERNAL).
 
     `accepted` and `answered` count Predict calls that reached the handler and that left it, so a
     drain can tell that nothing accepted was lost. After `refuse_new()` every new call is answered
@@ -72,6 +76,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         self._max_tensor_bytes = max_tensor_bytes
         self._predictor: Predictor | None = None
         self._signature_defs: dict[str, Any] = {}
+        self._model_failures = metrics.MODEL_FAILURES.labels(model_name)
         self.accepted = 0
         self.answered = 0
         self._refusing = False
@@ -92,13 +97,16 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             raise Unavailable(f"model '{self._model_name}' is loading; retry shortly")
         return self._predictor
 
-    async def Predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def predict(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         started = time.perf_counter()
         if self._refusing:
             await self._refuse("Predict", context, started)
         self.accepted += 1
         try:
             try:
+                remaining = context.time_remaining()
+                deadline = None if remaining is None else time.monotonic() + remaining
+                request = _parse(predict_pb2.PredictRequest, raw)
                 predictor = self._loaded()
                 spec = request.model_spec
                 predictor.check_model(spec.name, *_version_choice(spec))
@@ -107,7 +115,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
                     name: codec.to_ndarray(tensor, name=name, max_bytes=self._max_tensor_bytes)
                     for name, tensor in request.inputs.items()
                 }
-                answer = await predictor.predict(signature, inputs, request.output_filter)
+                answer = await predictor.predict(signature, inputs, request.output_filter, deadline)
                 response = predict_pb2.PredictResponse()
                 response.model_spec.name = predictor.model.name
                 response.model_spec.version.value = predictor.model.version
@@ -115,6 +123,8 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
                 for name, array in answer.outputs.items():
                     response.outputs[name].CopyFrom(codec.to_tensor_proto(array))
             except Exception as exc:  # every failure leaves through the status table
+                if isinstance(exc, ModelFailure):
+                    self._model_failures.inc()
                 code, message = status_for(exc)
                 self._record("Predict", code, started)
                 await context.abort(code, message)
@@ -127,11 +137,12 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         finally:
             self.answered += 1
 
-    async def GetModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def get_model_metadata(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         started = time.perf_counter()
         if self._refusing:
             await self._refuse("GetModelMetadata", context, started)
         try:
+            request = _parse(get_model_metadata_pb2.GetModelMetadataRequest, raw)
             predictor = self._loaded()
             model = predictor.model
             spec = request.model_spec
@@ -165,3 +176,24 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     def _record(self, method: str, code: grpc.StatusCode, started: float) -> None:
         metrics.REQUESTS.labels(self._model_name, method, code.name).inc()
         metrics.REQUEST_SECONDS.labels(self._model_name, method).observe(time.perf_counter() - started)
+
+
+def _parse(message_type: Any, raw: bytes) -> Any:
+    try:
+        return message_type.FromString(raw)
+    except DecodeError as exc:
+        raise InvalidInput(f"the request is not a valid {message_type.DESCRIPTOR.full_name}: {exc}") from None
+
+
+def add_to_server(servicer: PredictionServicer, server: grpc.aio.Server) -> None:
+    """Register the PredictionService methods, names taken from the service descriptor."""
+    service = prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"]
+    handlers = {
+        "Predict": grpc.unary_unary_rpc_method_handler(
+            servicer.predict, response_serializer=predict_pb2.PredictResponse.SerializeToString),
+        "GetModelMetadata": grpc.unary_unary_rpc_method_handler(
+            servicer.get_model_metadata,
+            response_serializer=get_model_metadata_pb2.GetModelMetadataResponse.SerializeToString),
+    }
+    assert set(handlers) == {m.name for m in service.methods}, "handlers and protos disagree"
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))

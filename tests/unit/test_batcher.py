@@ -365,7 +365,9 @@ def test_cancelled_split_request_leaves_its_remaining_rows_uncomputed(
     asyncio.run(main())
 
 
-def test_failing_batch_fails_only_its_own_requests(model: FakeModel, executor: ThreadPoolExecutor) -> None:
+def test_failing_batch_fails_only_the_request_that_breaks_it(
+    model: FakeModel, executor: ThreadPoolExecutor
+) -> None:
     def fail_on_negative(key: Hashable, batch: Tensors) -> Tensors:
         if (batch["x"] < 0).any():
             raise RuntimeError("boom")
@@ -377,10 +379,10 @@ def test_failing_batch_fails_only_its_own_requests(model: FakeModel, executor: T
         b = start(model, executor, max_batch_rows=2, timeout_s=0.05)
         bad, mate, c, d = request(-1, 1), request(10, 1), request(20, 1), request(30, 1)
         results = await asyncio.gather(*(submit(b, r) for r in (bad, mate, c, d)), return_exceptions=True)
-        assert [c.rows for c in model.calls] == [2, 2]
-        for failed in results[:2]:
-            assert isinstance(failed, RuntimeError)
-            assert str(failed) == "boom"
+        # The failed batch [bad, mate] is re-run in halves: bad alone fails, mate alone succeeds.
+        assert [c.rows for c in model.calls] == [2, 1, 1, 2]
+        assert isinstance(results[0], RuntimeError) and str(results[0]) == "boom"
+        assert_answer(mate, results[1])  # type: ignore[arg-type]
         assert_answer(c, results[2])  # type: ignore[arg-type]
         assert_answer(d, results[3])  # type: ignore[arg-type]
         # The batcher keeps serving.
@@ -427,10 +429,11 @@ def test_wrong_number_of_output_rows_is_a_model_failure(
         model.respond = wrong
         b = start(model, executor, max_batch_rows=3, timeout_s=0.05)
         results = await asyncio.gather(submit(b, request(0, 1)), submit(b, request(1, 2)), return_exceptions=True)
-        assert len(model.calls) == 1
-        for failed in results:
+        # The whole batch, then each request alone: every run returns the wrong row count.
+        assert [c.rows for c in model.calls] == [3, 1, 2]
+        for failed, rows in zip(results, (1, 2), strict=True):
             assert isinstance(failed, ModelFailure)
-            assert "expected 3 rows" in str(failed)
+            assert f"expected {rows} rows" in str(failed)
             assert "output 'y'" in str(failed)
         model.respond = double
         ok = request(10, 2)
