@@ -10,7 +10,7 @@ OFFICIAL_STAMP := $(OFFICIAL)/.installed
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test lint typecheck protos protos-check clean prometheus
+.PHONY: serve test soak lint typecheck protos protos-check clean prometheus
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ test: $(STAMP) $(OFFICIAL_STAMP) prometheus
 	$(PY) -m ruff check .
 	$(PY) -m mypy server client protos/build.py
 	OFFICIAL_CLIENT_PATH=$(abspath $(OFFICIAL)) $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Full-length load tests: the same tests `make test` runs short.
+soak: $(STAMP)
+	SOAK_REQUESTS=$${SOAK_REQUESTS:-400000} OVERLOAD_SECONDS=$${OVERLOAD_SECONDS:-120} \
+	  $(PY) -m pytest -q -s -m slow tests/integration $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -4,6 +4,7 @@ call, and gRPC failures raised as PredictError with the status code and the serv
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -21,6 +22,28 @@ class PredictError(Exception):
         super().__init__(f"{code.name}: {details}")
         self.code = code
         self.details = details
+
+
+@dataclass(frozen=True)
+class Tls:
+    """TLS for the channel: the CA that signed the server's certificate (None: system roots), and a
+    client certificate and key for mutual TLS."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        def read(path: str | None) -> bytes | None:
+            if path is None:
+                return None
+            with open(path, "rb") as f:
+                return f.read()
+
+        return grpc.ssl_channel_credentials(
+            root_certificates=read(self.ca_file), private_key=read(self.key_file),
+            certificate_chain=read(self.cert_file),
+        )
 
 
 def channel_options(max_message_bytes: int = 64 * 1024 * 1024) -> list[tuple[str, int]]:
@@ -73,8 +96,10 @@ def decode_signature_defs(response: Any) -> dict[str, Any]:
 class PredictClient:
     """Blocking client. Use as a context manager, or call close()."""
 
-    def __init__(self, target: str, *, options: list[tuple[str, int]] | None = None) -> None:
-        self._channel = grpc.insecure_channel(target, options=options or channel_options())
+    def __init__(self, target: str, *, options: list[tuple[str, int]] | None = None, tls: Tls | None = None) -> None:
+        options = options or channel_options()
+        self._channel = (grpc.insecure_channel(target, options=options) if tls is None
+                         else grpc.secure_channel(target, tls.credentials(), options=options))
         self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
 
     def predict(
@@ -118,8 +143,10 @@ class PredictClient:
 class AsyncPredictClient:
     """grpc.aio client, for many concurrent calls from one thread."""
 
-    def __init__(self, target: str, *, options: list[tuple[str, int]] | None = None) -> None:
-        self._channel = grpc.aio.insecure_channel(target, options=options or channel_options())
+    def __init__(self, target: str, *, options: list[tuple[str, int]] | None = None, tls: Tls | None = None) -> None:
+        options = options or channel_options()
+        self._channel = (grpc.aio.insecure_channel(target, options=options) if tls is None
+                         else grpc.aio.secure_channel(target, tls.credentials(), options=options))
         self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
 
     async def predict(

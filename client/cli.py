@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from client.api import DEFAULT_TIMEOUT_S, PredictClient, PredictError
+from client.api import DEFAULT_TIMEOUT_S, PredictClient, PredictError, Tls
 from server.codec import numpy_dtype
 
 
@@ -53,12 +53,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-filter", action="append", default=[], metavar="NAME",
                    help="return only this output; repeatable")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="deadline in seconds")
+    p.add_argument("--tls", action="store_true", help="use TLS (system roots unless --tls-ca-file)")
+    p.add_argument("--tls-ca-file", default=None, help="PEM CA that signed the server's certificate (implies --tls)")
+    p.add_argument("--tls-cert-file", default=None, help="PEM client certificate for mutual TLS (implies --tls)")
+    p.add_argument("--tls-key-file", default=None, help="PEM key of --tls-cert-file")
     return parser
+
+
+def tls_from_args(args: argparse.Namespace) -> Tls | None:
+    if not (args.tls or args.tls_ca_file or args.tls_cert_file):
+        return None
+    return Tls(args.tls_ca_file, args.tls_cert_file, args.tls_key_file)
 
 
 def predict(args: argparse.Namespace) -> int:
     inputs = dict(args.input)
-    with PredictClient(args.target) as client:
+    with PredictClient(args.target, tls=tls_from_args(args)) as client:
         try:
             defs = client.signature_defs(args.model, version=args.version, timeout=args.timeout)
             sdef = defs.get(args.signature or "serving_default")

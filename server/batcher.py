@@ -86,6 +86,8 @@ class _Request:
     deadline: float | None
     next_row: int = 0
     """Rows before this one have been handed to a batch (or given back, once the request died)."""
+    dispatched: bool = False
+    """Some of its rows were handed to the model; from then on it is never counted as dropped."""
     parts: dict[int, Tensors] = field(default_factory=dict)
     done_rows: int = 0
     compute_seconds: float = 0.0
@@ -195,7 +197,16 @@ class Batcher:
         self._queues.setdefault(key, deque()).append(request)
         self._queued_requests += 1
         self._add_rows(key, rows)
-        future.add_done_callback(lambda _: self._release(request))
+        expiry = None
+        if deadline is not None:
+            expiry = asyncio.get_running_loop().call_later(deadline - now, self._expire, request)
+
+        def finished(_: object) -> None:
+            if expiry is not None:
+                expiry.cancel()
+            self._release(request)
+
+        future.add_done_callback(finished)
         self._wakeup.set()
         return await future
 
@@ -220,14 +231,20 @@ class Batcher:
             request.next_row = request.rows
             self._add_rows(request.key, -left)
 
+    def _expire(self, request: _Request) -> None:
+        """Deadline timer: fail a request still waiting, giving its rows back at once."""
+        if not request.future.done():
+            if not request.dispatched:
+                self._observer.request_dropped("deadline")
+            request.fail(DeadlineExceeded("the deadline passed while the request was queued"))
+
     def _drop_dead(self, request: _Request, now: float) -> bool:
         """Fail or forget a queued request that must not reach the model; True if it was dead."""
         if request.future.done():
-            if request.future.cancelled() and request.done_rows == 0:
+            if request.future.cancelled() and not request.dispatched:
                 self._observer.request_dropped("deadline" if request.expired(now) else "cancelled")
         elif request.expired(now):
-            self._observer.request_dropped("deadline")
-            request.fail(DeadlineExceeded("the deadline passed while the request was queued"))
+            self._expire(request)
         else:
             return False
         self._release(request)
@@ -236,6 +253,7 @@ class Batcher:
     def _pop_head(self, queue: deque[_Request]) -> None:
         queue.popleft()
         self._queued_requests -= 1
+        self._observer.queue_changed(self._queued_rows, self._queued_requests)
 
     async def _loop(self) -> None:
         while True:
@@ -306,6 +324,7 @@ class Batcher:
                 self._pop_head(queue)
                 continue
             n = min(request.rows - request.next_row, budget)
+            request.dispatched = True
             slices.append(_Slice(request, request.next_row, request.next_row + n))
             request.next_row += n
             budget -= n
@@ -328,9 +347,8 @@ class Batcher:
             # Last look before compute: a request cancelled or expired since it was taken is
             # dropped (its other slices, if any, are skipped since its future is done).
             for s in slices:
-                if s.request.expired(now) and not s.request.future.done():
-                    self._observer.request_dropped("deadline")
-                    s.request.fail(DeadlineExceeded("the deadline passed while the request was queued"))
+                if s.request.expired(now):
+                    self._expire(s.request)
             await self._run_isolating(key, [s for s in slices if not s.request.future.done()])
         finally:
             self._slots.release()
@@ -347,7 +365,7 @@ class Batcher:
             requests[0].fail(error)
             return
         half = requests[: len(requests) // 2]
-        first = [s for s in live if s.request in half]
+        first = [s for s in live if s.request in half and not s.request.future.done()]
         await self._run_isolating(key, first)
         await self._run_isolating(key, [s for s in live if s.request not in half and not s.request.future.done()])
 

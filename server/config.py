@@ -43,6 +43,19 @@ class Settings:
     log_format: str
     """text or json."""
     log_level: str
+    max_concurrent_rpcs: int
+    """RPCs handled at once; beyond it gRPC refuses with RESOURCE_EXHAUSTED (bounds memory)."""
+    tls_cert_file: str | None
+    """PEM certificate chain for server TLS (with tls_key_file)."""
+    tls_key_file: str | None
+    tls_client_ca_file: str | None
+    """PEM CA bundle; when set, clients must present a certificate signed by it (mutual TLS)."""
+
+    @property
+    def tls_mode(self) -> str:
+        if self.tls_cert_file is None:
+            return "off"
+        return "mutual" if self.tls_client_ca_file else "server"
 
     @property
     def batch_timeout_s(self) -> float:
@@ -107,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format (default text)")
     p.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO",
                    help="least severe level logged (default INFO)")
+    p.add_argument("--max-concurrent-rpcs", type=_positive_int, default=1024,
+                   help="RPCs handled at once; more are refused with RESOURCE_EXHAUSTED (default 1024)")
+    p.add_argument("--tls-cert-file", default=None, help="PEM certificate (chain) to serve TLS with")
+    p.add_argument("--tls-key-file", default=None, help="PEM private key of --tls-cert-file")
+    p.add_argument("--tls-client-ca-file", default=None,
+                   help="PEM CA bundle; clients must present a certificate it signed (mutual TLS)")
     return p
 
 
@@ -131,6 +150,10 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
             parser.error(f"{_env_name(action)}={raw!r}: {exc}")
     parser.set_defaults(**env_defaults)
     ns = parser.parse_args(argv)
+    if (ns.tls_cert_file is None) != (ns.tls_key_file is None):
+        parser.error("--tls-cert-file and --tls-key-file go together")
+    if ns.tls_client_ca_file is not None and ns.tls_cert_file is None:
+        parser.error("--tls-client-ca-file (mutual TLS) needs --tls-cert-file and --tls-key-file")
     if ns.drain_delay_s >= ns.grace_period_s:
         parser.error(f"--drain-delay-s ({ns.drain_delay_s}) must be shorter than --grace-period-s "
                      f"({ns.grace_period_s})")

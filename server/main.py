@@ -75,6 +75,19 @@ def load_model(settings: Settings) -> Loaded:
     return Loaded(loaded, devices, runners)
 
 
+def _server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        return None
+    with open(settings.tls_key_file, "rb") as key, open(settings.tls_cert_file, "rb") as cert:
+        pair = (key.read(), cert.read())
+    client_ca = None
+    if settings.tls_client_ca_file is not None:
+        with open(settings.tls_client_ca_file, "rb") as ca:
+            client_ca = ca.read()
+    return grpc.ssl_server_credentials([pair], root_certificates=client_ca,
+                                       require_client_auth=client_ca is not None)
+
+
 def _grpc_options(settings: Settings) -> list[tuple[str, int]]:
     return [
         ("grpc.max_receive_message_length", settings.max_message_bytes),
@@ -99,10 +112,12 @@ async def serve(settings: Settings) -> None:
     health = Health()
     await health.set_serving(False)
     servicer = PredictionServicer(settings.model_name, settings.max_message_bytes)
-    server = grpc.aio.server(options=_grpc_options(settings))
+    server = grpc.aio.server(options=_grpc_options(settings), maximum_concurrent_rpcs=settings.max_concurrent_rpcs)
     add_to_server(servicer, server)
     add_health_and_reflection(server, health)
-    port = server.add_insecure_port(f"[::]:{settings.port}")
+    credentials = _server_credentials(settings)
+    address = f"[::]:{settings.port}"
+    port = server.add_insecure_port(address) if credentials is None else server.add_secure_port(address, credentials)
     if port == 0:
         raise OSError(f"could not bind gRPC port {settings.port}")
     metrics_port = -1
@@ -110,7 +125,8 @@ async def serve(settings: Settings) -> None:
         http_server, _ = start_http_server(settings.metrics_port)
         metrics_port = http_server.server_port
     await server.start()
-    log.info("listening grpc_port=%d metrics_port=%d; loading model (health NOT_SERVING)", port, metrics_port)
+    log.info("listening grpc_port=%d metrics_port=%d tls=%s; loading model (health NOT_SERVING)",
+             port, metrics_port, settings.tls_mode)
 
     loaded = await loop.run_in_executor(None, load_model, settings)
     info = loaded.model.info
@@ -136,10 +152,10 @@ async def serve(settings: Settings) -> None:
     effective = " ".join(f"{k}={v}" for k, v in dataclasses.asdict(settings).items())
     log.info(
         "serving model=%s version=%d signatures=%s path=%s grpc_port=%d metrics_port=%d replicas=%d "
-        "devices=%s max_batch_size=%d batch_timeout_ms=%g max_queued_rows=%d | settings: %s",
+        "devices=%s max_batch_size=%d batch_timeout_ms=%g max_queued_rows=%d tls=%s | settings: %s",
         info.name, info.version, ",".join(sorted(loaded.runners)), loaded.model.path, port, metrics_port,
         len(loaded.devices), ",".join(loaded.devices), settings.max_batch_size, settings.batch_timeout_ms,
-        settings.max_queued_rows, effective,
+        settings.max_queued_rows, settings.tls_mode, effective,
     )
 
     await stop.wait()

@@ -49,3 +49,33 @@ def build_multi(version_dir: Path) -> None:
     tf.saved_model.save(module, str(version_dir), signatures={
         "serving_default": module.serve, "total": module.total, "strlen": module.strlen,
     })
+
+
+class Slow(tf.Module):
+    """Costs what the request asks, and fails on a poisoned row.
+
+    x[:, 0] is work: the batch runs max(x[:, 0]) iterations of a 128x128 matmul (so one slow row
+    makes its whole batch slow); x[:, 1] is the value, and y = 2 * value (NaN and Inf included).
+    A row whose value is -1 makes the batch fail inside the model (tf.debugging.Assert).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = tf.Variable(tf.eye(128) * 0.5 + 0.01, name="w")
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
+    def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+        tf.debugging.Assert(tf.reduce_all(tf.not_equal(x[:, 1], -1.0)), ["poisoned row (value -1) in the batch"])
+        iterations = tf.cast(tf.reduce_max(tf.concat([x[:, 0], [0.0]], axis=0)), tf.int32)
+        _, work = tf.while_loop(
+            lambda i, m: i < iterations,
+            lambda i, m: (i + 1, tf.tanh(tf.matmul(m, self.w))),
+            (tf.constant(0), tf.eye(128)),
+        )
+        with tf.control_dependencies([work]):
+            return {"y": tf.identity(x[:, 1] * 2.0)}
+
+
+def build_slow(version_dir: Path) -> None:
+    module = Slow()
+    tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.serve})

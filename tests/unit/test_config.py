@@ -53,6 +53,7 @@ def test_all_flags() -> None:
         model_base_path="/m/a", model_name="n", port=0, replicas=4, max_batch_size=8,
         batch_timeout_ms=0.5, max_queued_rows=100, metrics_port=-1, max_message_bytes=1024,
         drain_delay_s=0.5, grace_period_s=9.0, log_format="json", log_level="DEBUG",
+        max_concurrent_rpcs=1024, tls_cert_file=None, tls_key_file=None, tls_client_ca_file=None,
     )
     assert s.batch_timeout_s == pytest.approx(0.0005)
     assert parse("--batch-timeout-ms", "0").batch_timeout_ms == 0.0
@@ -170,3 +171,14 @@ def test_drain_settings() -> None:
         parse("--drain-delay-s", "5", "--grace-period-s", "5")  # the delay must leave time to finish
     with pytest.raises(SystemExit):
         parse("--log-format", "xml")
+
+
+def test_tls_settings() -> None:
+    assert parse().tls_mode == "off"
+    server = parse("--tls-cert-file", "c.pem", "--tls-key-file", "k.pem")
+    assert (server.tls_cert_file, server.tls_key_file, server.tls_mode) == ("c.pem", "k.pem", "server")
+    assert parse("--tls-cert-file", "c", "--tls-key-file", "k", "--tls-client-ca-file", "ca").tls_mode == "mutual"
+    assert parse(MIRRORSERVE_TLS_CERT_FILE="c", MIRRORSERVE_TLS_KEY_FILE="k").tls_mode == "server"
+    for incomplete in (["--tls-cert-file", "c"], ["--tls-key-file", "k"], ["--tls-client-ca-file", "ca"]):
+        with pytest.raises(SystemExit):
+            parse(*incomplete)

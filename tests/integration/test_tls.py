@@ -1,0 +1,130 @@
+"""TLS and mutual TLS on the gRPC port, certificates made here; metrics stay plain HTTP."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from client import PredictClient, PredictError, Tls
+from tests.integration.conftest import ServerProcess, start_server
+
+X = {"x": np.zeros((1, 2), np.int64)}
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _write(path: Path, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> tuple[str, str]:
+    key_path, cert_path = path.with_suffix(".key"), path.with_suffix(".crt")
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return str(cert_path), str(key_path)
+
+
+def make_ca(path: Path, name: str) -> tuple[str, ec.EllipticCurvePrivateKey, x509.Certificate]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(_name(name)).issuer_name(_name(name))
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, _ = _write(path, key, cert)
+    return cert_path, key, cert
+
+
+def make_leaf(path: Path, name: str, ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate,
+              server: bool) -> tuple[str, str]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (x509.CertificateBuilder().subject_name(_name(name)).issuer_name(ca_cert.subject)
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1)))
+    if server:
+        builder = builder.add_extension(x509.SubjectAlternativeName(
+            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+    return _write(path, key, builder.sign(ca_key, hashes.SHA256()))
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("certs")
+    ca, ca_key, ca_cert = make_ca(d / "ca", "test CA")
+    server_cert, server_key = make_leaf(d / "server", "localhost", ca_key, ca_cert, server=True)
+    client_cert, client_key = make_leaf(d / "client", "good client", ca_key, ca_cert, server=False)
+    _, rogue_ca_key, rogue_ca_cert = make_ca(d / "rogue-ca", "rogue CA")
+    rogue_cert, rogue_key = make_leaf(d / "rogue", "rogue client", rogue_ca_key, rogue_ca_cert, server=False)
+    return {"ca": ca, "server_cert": server_cert, "server_key": server_key, "client_cert": client_cert,
+            "client_key": client_key, "rogue_cert": rogue_cert, "rogue_key": rogue_key}
+
+
+def serve(model_dirs: dict[str, Path], tmp_path: Path, name: str, *flags: str) -> Iterator[ServerProcess]:
+    server = start_server(["--model-base-path", str(model_dirs["echo"]), "--model-name", "echo", *flags],
+                          tmp_path / f"{name}.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def tls_server(model_dirs: dict[str, Path], certs: dict[str, str],
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    yield from serve(model_dirs, tmp_path_factory.mktemp("tls"), "tls",
+                     "--tls-cert-file", certs["server_cert"], "--tls-key-file", certs["server_key"])
+
+
+@pytest.fixture(scope="module")
+def mtls_server(model_dirs: dict[str, Path], certs: dict[str, str],
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    yield from serve(model_dirs, tmp_path_factory.mktemp("mtls"), "mtls",
+                     "--tls-cert-file", certs["server_cert"], "--tls-key-file", certs["server_key"],
+                     "--tls-client-ca-file", certs["ca"])
+
+
+def outcome(target: str, tls: Tls | None) -> str:
+    try:
+        with PredictClient(target, tls=tls) as client:
+            client.predict("echo", X, timeout=5)
+        return "OK"
+    except PredictError as exc:
+        return exc.code.name
+
+
+def test_tls(tls_server: ServerProcess, certs: dict[str, str]) -> None:
+    target = f"localhost:{tls_server.port}"
+    results = {"tls": outcome(target, Tls(ca_file=certs["ca"])), "plaintext": outcome(target, None)}
+    print("server TLS:", results)
+    assert "tls=server" in tls_server.log()
+    assert results["tls"] == "OK"
+    assert results["plaintext"] == "UNAVAILABLE"
+    # Metrics stay plain HTTP on their own port.
+    with urllib.request.urlopen(f"http://127.0.0.1:{tls_server.metrics_port}/metrics", timeout=10) as response:
+        assert b"mirrorserve_requests_total" in response.read()
+
+
+def test_mutual_tls(mtls_server: ServerProcess, certs: dict[str, str]) -> None:
+    target = f"localhost:{mtls_server.port}"
+    results = {
+        "no client certificate": outcome(target, Tls(ca_file=certs["ca"])),
+        "certificate from another CA": outcome(
+            target, Tls(ca_file=certs["ca"], cert_file=certs["rogue_cert"], key_file=certs["rogue_key"])),
+        "certificate signed by the CA": outcome(
+            target, Tls(ca_file=certs["ca"], cert_file=certs["client_cert"], key_file=certs["client_key"])),
+        "plaintext": outcome(target, None),
+    }
+    print("mutual TLS:", results)
+    assert "tls=mutual" in mtls_server.log()
+    assert results == {"no client certificate": "UNAVAILABLE", "certificate from another CA": "UNAVAILABLE",
+                       "certificate signed by the CA": "OK", "plaintext": "UNAVAILABLE"}
+    assert mtls_server.process.poll() is None
