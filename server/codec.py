@@ -45,10 +45,10 @@ _TABLE = (
 )
 _BY_ENUM = {d.enum: d for d in _TABLE}
 _BY_NUMPY = {d.numpy.newbyteorder("=") if d.numpy.byteorder != "|" else d.numpy: d for d in _TABLE}
-_VALUE_FIELDS = frozenset(
-    {d.field for d in _TABLE}
-    | {"scomplex_val", "dcomplex_val", "resource_handle_val", "variant_val", "tensor_content"}
-)
+# Every field that can carry values: all of TensorProto's but the header, read from the descriptor so
+# fields added by newer TensorFlow versions (float8_val, ...) are refused too, not silently ignored.
+_VALUE_FIELDS = frozenset(f.name for f in tensor_pb2.TensorProto.DESCRIPTOR.fields) - {
+    "dtype", "tensor_shape", "version_number"}
 
 
 def dtype_name(enum: int) -> str:

@@ -525,3 +525,11 @@ def test_we_decode_tensorflow_half_and_bool_typed_fields() -> None:
     flags = tf.make_tensor_proto(np.array([True, False, True]))
     assert len(flags.bool_val) == 3
     assert_same(decode(flags), np.array([True, False, True]))
+
+
+def test_values_in_any_other_field_are_refused() -> None:
+    """Every value-carrying TensorProto field, float8_val included, counts as a stray field."""
+    p = proto(types_pb2.DT_FLOAT, [1, 3], float_val=[1.0, 2.0, 3.0])
+    p.float8_val = b"\x01\x02"
+    message = refusal(p)
+    assert "float8_val" in message and "use float_val" in message
