@@ -10,7 +10,7 @@ OFFICIAL_STAMP := $(OFFICIAL)/.installed
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test soak lint typecheck protos protos-check clean prometheus
+.PHONY: serve test bench soak lint typecheck protos protos-check clean prometheus
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,8 +34,12 @@ prometheus:
 test: $(STAMP) $(OFFICIAL_STAMP) prometheus
 	$(PY) -m protos.build --check
 	$(PY) -m ruff check .
-	$(PY) -m mypy server client protos/build.py
+	$(PY) -m mypy server client bench protos/build.py
 	OFFICIAL_CLIENT_PATH=$(abspath $(OFFICIAL)) $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The performance table (build/bench/results.md): minutes; run it on a quiet machine.
+bench: $(STAMP)
+	$(PY) -m bench.suite $(BENCH_ARGS)
 
 # Full-length load tests: the same tests `make test` runs short.
 soak: $(STAMP)
@@ -46,7 +50,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 
 typecheck: $(STAMP)
-	$(PY) -m mypy server client protos/build.py
+	$(PY) -m mypy server client bench protos/build.py
 
 protos: $(STAMP)
 	$(PY) -m protos.build

@@ -1,4 +1,5 @@
 """`python -m client predict`: call Predict once and print the outputs.
+`python -m client bench`: measure a server under closed-loop or open-loop load.
 
 Inputs come from `.npy` files (`--input NAME=PATH`), or, for inputs not given, are made up at
 random from the model's metadata (`--rows` rows; unknown non-batch dimensions become 1).
@@ -7,13 +8,15 @@ random from the model's metadata (`--rows` rows; unknown non-batch dimensions be
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from client.api import DEFAULT_TIMEOUT_S, PredictClient, PredictError, Tls
+from client import bench
+from client.api import DEFAULT_TIMEOUT_S, PredictClient, PredictError, Tls, build_predict_request
 from server.codec import numpy_dtype
 
 
@@ -53,11 +56,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-filter", action="append", default=[], metavar="NAME",
                    help="return only this output; repeatable")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="deadline in seconds")
+    _add_tls_args(p)
+
+    b = commands.add_parser("bench", help="measure throughput and latency under load")
+    b.add_argument("--target", default="localhost:8500", help="HOST:PORT (default localhost:8500)")
+    b.add_argument("--model", required=True, help="model name")
+    b.add_argument("--signature", default="", help="signature name (default serving_default)")
+    b.add_argument("--input", type=_parse_input, action="append", default=[], metavar="NAME=PATH.npy",
+                   help="an input from a .npy file; the rest are random, from the model's metadata")
+    b.add_argument("--no-metadata", action="store_true",
+                   help="send exactly the --input arrays; do not ask the server for the signature")
+    b.add_argument("--rows", type=int, default=1, help="rows per request (default 1)")
+    b.add_argument("--concurrency", default="1,16,64",
+                   help="closed loop: comma-separated caller counts (default 1,16,64)")
+    b.add_argument("--rate", default="", help="open loop: comma-separated Poisson arrival rates in req/s")
+    b.add_argument("--warmup-s", type=float, default=2.0, help="warm-up before each measurement (default 2)")
+    b.add_argument("--seconds", type=float, default=10.0, help="measured window per load level (default 10)")
+    b.add_argument("--timeout", type=float, default=30.0, help="per-request deadline in seconds")
+    b.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON here")
+    return parser
+
+
+def _add_tls_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls", action="store_true", help="use TLS (system roots unless --tls-ca-file)")
     p.add_argument("--tls-ca-file", default=None, help="PEM CA that signed the server's certificate (implies --tls)")
     p.add_argument("--tls-cert-file", default=None, help="PEM client certificate for mutual TLS (implies --tls)")
     p.add_argument("--tls-key-file", default=None, help="PEM key of --tls-cert-file")
-    return parser
 
 
 def tls_from_args(args: argparse.Namespace) -> Tls | None:
@@ -66,19 +90,27 @@ def tls_from_args(args: argparse.Namespace) -> Tls | None:
     return Tls(args.tls_ca_file, args.tls_cert_file, args.tls_key_file)
 
 
-def predict(args: argparse.Namespace) -> int:
+def complete_inputs(client: PredictClient, args: argparse.Namespace, seed: int) -> dict[str, np.ndarray] | None:
+    """The inputs given as files, plus random ones for the rest, from the signature's metadata."""
     inputs = dict(args.input)
+    defs = client.signature_defs(args.model, version=getattr(args, "version", None), timeout=args.timeout)
+    sdef = defs.get(args.signature or "serving_default")
+    if sdef is None:
+        print(f"signature not found; available: {', '.join(sorted(defs))}", file=sys.stderr)
+        return None
+    rng = np.random.default_rng(seed)
+    for name, info in sorted(sdef.inputs.items()):
+        if name not in inputs:
+            inputs[name] = random_input(info, args.rows, rng)
+    return inputs
+
+
+def predict(args: argparse.Namespace) -> int:
     with PredictClient(args.target, tls=tls_from_args(args)) as client:
         try:
-            defs = client.signature_defs(args.model, version=args.version, timeout=args.timeout)
-            sdef = defs.get(args.signature or "serving_default")
-            if sdef is None:
-                print(f"signature not found; available: {', '.join(sorted(defs))}", file=sys.stderr)
+            inputs = complete_inputs(client, args, args.seed)
+            if inputs is None:
                 return 2
-            rng = np.random.default_rng(args.seed)
-            for name, info in sorted(sdef.inputs.items()):
-                if name not in inputs:
-                    inputs[name] = random_input(info, args.rows, rng)
             outputs = client.predict(
                 args.model, inputs, signature=args.signature, version=args.version,
                 output_filter=args.output_filter, timeout=args.timeout,
@@ -93,8 +125,40 @@ def predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_bench(args: argparse.Namespace) -> int:
+    if args.no_metadata:
+        inputs: dict[str, np.ndarray] | None = dict(args.input)
+    else:
+        with PredictClient(args.target) as client:
+            try:
+                inputs = complete_inputs(client, args, seed=0)
+            except PredictError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
+    if inputs is None:
+        return 2
+    payload = build_predict_request(args.model, inputs, signature=args.signature).SerializeToString()
+    results = []
+    for level in (int(c) for c in args.concurrency.split(",") if c.strip() and not args.rate):
+        results.append(asyncio.run(bench.closed_loop(
+            args.target, payload, level, args.warmup_s, args.seconds, args.rows, args.timeout)))
+        print(bench.table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    for rate in (float(r) for r in args.rate.split(",") if r.strip()):
+        results.append(asyncio.run(bench.open_loop(
+            args.target, payload, rate, args.warmup_s, args.seconds, args.rows, args.timeout)))
+        print(bench.table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    print(bench.table(results))
+    print(bench.to_json(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(bench.to_json(results))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "predict":
         return predict(args)
+    if args.command == "bench":
+        return run_bench(args)
     raise AssertionError(args.command)

@@ -172,8 +172,15 @@ def _string_bytes(value: object) -> bytes:
 
 def to_tensor_proto(array: np.ndarray) -> tensor_pb2.TensorProto:
     """Encode an ndarray: numbers as raw little-endian tensor_content, strings in string_val."""
+    proto = tensor_pb2.TensorProto()
+    fill_tensor_proto(proto, array)
+    return proto
+
+
+def fill_tensor_proto(proto: tensor_pb2.TensorProto, array: np.ndarray) -> None:
+    """Encode into an empty TensorProto in place (e.g. a response's map entry: no copy)."""
     enum = dtype_enum(array.dtype)
-    proto = tensor_pb2.TensorProto(dtype=enum)
+    proto.dtype = enum
     dims = proto.tensor_shape.dim
     for size in array.shape:
         dims.add(size=size)
@@ -182,4 +189,3 @@ def to_tensor_proto(array: np.ndarray) -> tensor_pb2.TensorProto:
     else:
         wire = _BY_ENUM[enum].numpy
         proto.tensor_content = np.ascontiguousarray(array, dtype=wire).tobytes()
-    return proto

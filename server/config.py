@@ -28,7 +28,14 @@ class Settings:
     max_batch_size: int
     """Row budget of one model execution (all replicas together)."""
     batch_timeout_ms: float
-    """Longest wait for more rows once the first row of a batch is queued."""
+    """Longest wait for more rows once the first row of a batch is queued. 0 (the default): a batch
+    goes as soon as an execution slot is free, and rows accumulate only while the model is busy."""
+    max_inflight_batches: int
+    """Batches executing at once; while they run, the next batch keeps filling."""
+    intra_op_threads: int
+    """TensorFlow threads inside one op; 0 lets TensorFlow choose (the number of cores)."""
+    inter_op_threads: int
+    """TensorFlow threads running independent ops at once; 0 lets TensorFlow choose."""
     max_queued_rows: int
     """Rows allowed to wait; beyond it requests are refused at once with RESOURCE_EXHAUSTED."""
     metrics_port: int
@@ -69,6 +76,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def _non_negative_float(text: str) -> float:
     value = float(text)
     if not value >= 0:
@@ -105,8 +119,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="number of replicas (default: number of GPUs, else 1; on CPU, logical CPU devices)")
     p.add_argument("--max-batch-size", type=_positive_int, default=64,
                    help="rows per model execution, across all replicas (default 64)")
-    p.add_argument("--batch-timeout-ms", type=_non_negative_float, default=2.0,
-                   help="longest wait for more rows after the first is queued (default 2)")
+    p.add_argument("--batch-timeout-ms", type=_non_negative_float, default=0.0,
+                   help="longest wait for more rows after the first is queued; 0 (default) sends a batch as "
+                        "soon as the model is free, rows accumulating only while it is busy")
+    p.add_argument("--max-inflight-batches", type=_positive_int, default=1,
+                   help="batches executing at once (default 1)")
+    p.add_argument("--intra-op-threads", type=_non_negative_int, default=0,
+                   help="TensorFlow intra-op threads (default 0: TensorFlow's choice, one per core)")
+    p.add_argument("--inter-op-threads", type=_non_negative_int, default=0,
+                   help="TensorFlow inter-op threads (default 0: TensorFlow's choice)")
     p.add_argument("--max-queued-rows", type=_positive_int, default=4096,
                    help="rows allowed to wait; more are refused with RESOURCE_EXHAUSTED (default 4096)")
     p.add_argument("--metrics-port", type=_optional_port, default=8501,

@@ -53,6 +53,7 @@ def load_model(settings: Settings) -> Loaded:
     """Everything that touches TensorFlow at start-up; blocking, so it runs off the event loop."""
     from server import demo_model, model, replicas
 
+    replicas.configure_threads(settings.intra_op_threads, settings.inter_op_threads)
     devices = replicas.configure_devices(settings.replicas)
     base_path = settings.model_base_path or str(demo_model.ensure_demo_model())
     strategy = replicas.make_strategy(devices)
@@ -71,7 +72,7 @@ def load_model(settings: Settings) -> Loaded:
         if name not in info.unservable
     }
     for runner in runners.values():
-        runner.warm_up()
+        runner.warm_up(settings.max_batch_size)
     return Loaded(loaded, devices, runners)
 
 
@@ -136,12 +137,13 @@ async def serve(settings: Settings) -> None:
         assert isinstance(key, BatchKey)
         return loaded.runners[key.signature](batch)
 
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+    executor = ThreadPoolExecutor(max_workers=settings.max_inflight_batches, thread_name_prefix="model")
     batcher = Batcher(
         run_batch, executor,
         max_batch_rows=settings.max_batch_size,
         timeout_s=settings.batch_timeout_s,
         max_queued_rows=settings.max_queued_rows,
+        max_inflight=settings.max_inflight_batches,
         observer=metrics.BatcherMetrics(info.name),
     )
     batcher.start()

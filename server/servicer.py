@@ -77,6 +77,8 @@ class PredictionServicer:
         self._predictor: Predictor | None = None
         self._signature_defs: dict[str, Any] = {}
         self._model_failures = metrics.MODEL_FAILURES.labels(model_name)
+        self._seconds = {m: metrics.REQUEST_SECONDS.labels(model_name, m) for m in ("Predict", "GetModelMetadata")}
+        self._requests: dict[tuple[str, grpc.StatusCode], Any] = {}
         self.accepted = 0
         self.answered = 0
         self._refusing = False
@@ -121,7 +123,7 @@ class PredictionServicer:
                 response.model_spec.version.value = predictor.model.version
                 response.model_spec.signature_name = signature.name
                 for name, array in answer.outputs.items():
-                    response.outputs[name].CopyFrom(codec.to_tensor_proto(array))
+                    codec.fill_tensor_proto(response.outputs[name], array)
             except Exception as exc:  # every failure leaves through the status table
                 if isinstance(exc, ModelFailure):
                     self._model_failures.inc()
@@ -174,8 +176,11 @@ class PredictionServicer:
         await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry on another replica")
 
     def _record(self, method: str, code: grpc.StatusCode, started: float) -> None:
-        metrics.REQUESTS.labels(self._model_name, method, code.name).inc()
-        metrics.REQUEST_SECONDS.labels(self._model_name, method).observe(time.perf_counter() - started)
+        counter = self._requests.get((method, code))
+        if counter is None:
+            counter = self._requests[method, code] = metrics.REQUESTS.labels(self._model_name, method, code.name)
+        counter.inc()
+        self._seconds[method].observe(time.perf_counter() - started)
 
 
 def _parse(message_type: Any, raw: bytes) -> Any:

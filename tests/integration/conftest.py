@@ -104,17 +104,18 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {p.name: p for p in root.iterdir()}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory, model_dirs: dict[str, Path]) -> Iterator[
         dict[tuple[str, ...], ServerProcess]]:
-    """Server processes started on demand and shared for the session, keyed by their arguments."""
+    """Server processes started on demand and shared within a test module, keyed by their
+    arguments; stopped when the module ends, so idle servers do not pile up in memory."""
     started: dict[tuple[str, ...], ServerProcess] = {}
     yield started
     for server in started.values():
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def server_for(servers: dict[tuple[str, ...], ServerProcess], model_dirs: dict[str, Path],
                tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """server_for("echo", "--replicas", "3") -> a running server for that model and flags."""

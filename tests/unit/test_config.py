@@ -20,8 +20,8 @@ def test_defaults_without_base_path() -> None:
     assert s.port == 8500
     assert s.replicas is None
     assert s.max_batch_size == 64
-    assert s.batch_timeout_ms == 2.0
-    assert s.batch_timeout_s == pytest.approx(0.002)
+    assert s.batch_timeout_ms == 0.0
+    assert s.batch_timeout_s == pytest.approx(0.0)
     assert s.max_queued_rows == 4096
     assert s.metrics_port == 8501
     assert s.max_message_bytes == 64 * 1024 * 1024
@@ -54,6 +54,7 @@ def test_all_flags() -> None:
         batch_timeout_ms=0.5, max_queued_rows=100, metrics_port=-1, max_message_bytes=1024,
         drain_delay_s=0.5, grace_period_s=9.0, log_format="json", log_level="DEBUG",
         max_concurrent_rpcs=1024, tls_cert_file=None, tls_key_file=None, tls_client_ca_file=None,
+        max_inflight_batches=1, intra_op_threads=0, inter_op_threads=0,
     )
     assert s.batch_timeout_s == pytest.approx(0.0005)
     assert parse("--batch-timeout-ms", "0").batch_timeout_ms == 0.0
@@ -182,3 +183,12 @@ def test_tls_settings() -> None:
     for incomplete in (["--tls-cert-file", "c"], ["--tls-key-file", "k"], ["--tls-client-ca-file", "ca"]):
         with pytest.raises(SystemExit):
             parse(*incomplete)
+
+
+def test_performance_settings() -> None:
+    s = parse("--max-inflight-batches", "2", "--intra-op-threads", "2", "--inter-op-threads", "1")
+    assert (s.max_inflight_batches, s.intra_op_threads, s.inter_op_threads) == (2, 2, 1)
+    assert parse(MIRRORSERVE_MAX_INFLIGHT_BATCHES="3").max_inflight_batches == 3
+    for bad in (["--max-inflight-batches", "0"], ["--intra-op-threads", "-1"]):
+        with pytest.raises(SystemExit):
+            parse(*bad)

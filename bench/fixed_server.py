@@ -1,0 +1,37 @@
+"""The wire ceiling: a grpc.aio server answering every Predict with one precomputed response.
+
+It does what any Python gRPC server must (accept the call, hand it to the event loop, send a
+response) and nothing else: no parsing, no model. Nothing a real server does can be faster.
+usage: python -m bench.fixed_server PORT_FILE RESPONSE_FILE
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+
+async def serve(port_file: Path, response: bytes) -> None:
+    async def predict(request: bytes, context: Any) -> bytes:
+        return response
+
+    server = grpc.aio.server()
+    handler = grpc.method_handlers_generic_handler(
+        "tensorflow.serving.PredictionService", {"Predict": grpc.unary_unary_rpc_method_handler(predict)})
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    port_file.write_text(str(port))
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await server.stop(0)
+
+
+if __name__ == "__main__":
+    asyncio.run(serve(Path(sys.argv[1]), Path(sys.argv[2]).read_bytes()))

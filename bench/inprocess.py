@@ -1,0 +1,51 @@
+"""The in-process ceiling: the SavedModel called directly, no server, at several batch sizes.
+
+usage: python -m bench.inprocess MODEL_BASE INPUT.npy RESPONSE_OUT SECONDS BATCH [BATCH ...]
+Prints one JSON object: rows/s per batch size. Also writes the PredictResponse a server would
+send for INPUT.npy, for the fixed-response server to replay.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from protos.tensorflow_serving import predict_pb2
+from server.codec import to_tensor_proto
+
+
+def main() -> None:
+    base, input_path, response_out, seconds = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), float(sys.argv[4])
+    batches = [int(b) for b in sys.argv[5:]]
+    signature = tf.saved_model.load(str(base / "1")).signatures["serving_default"]
+    (name,) = signature.structured_input_signature[1]
+    row = np.load(input_path)
+    response = predict_pb2.PredictResponse()
+    for out_name, value in signature(**{name: row}).items():
+        response.outputs[out_name].CopyFrom(to_tensor_proto(value.numpy()))
+    response.model_spec.name = base.name
+    response.model_spec.version.value = 1
+    response.model_spec.signature_name = "serving_default"
+    response_out.write_bytes(response.SerializeToString())
+
+    rows_per_s = {}
+    for batch in batches:
+        x = np.repeat(row, batch, axis=0)
+        for _ in range(3):
+            signature(**{name: x})
+        calls = 0
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            {k: v.numpy() for k, v in signature(**{name: x}).items()}
+            calls += 1
+        rows_per_s[batch] = calls * batch / (time.perf_counter() - started)
+    print(json.dumps(rows_per_s))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""`make bench`: every figure of the performance table, in one run, with one client.
+
+For an overhead-bound model (mlp) and a compute-bound one (cnn), it measures
+  (a) the in-process ceiling: the SavedModel called directly at batch 1, 16 and 64;
+  (b) the wire ceiling: a grpc.aio server replaying one precomputed response (bench.fixed_server);
+  (c) this server with batching off (--max-batch-size 1);
+  (d) this server with its defaults;
+each server under `python -m client bench` at 1, 16 and 64 concurrent 1-row callers, and writes a
+markdown table with the ratios (build/bench/results.md) and the raw figures (results.json).
+
+usage: python -m bench.suite [--seconds S] [--warmup-s S] [--concurrency 1,16,64] [--models mlp,cnn]
+       [--smoke]   (a few seconds in all: what `make test` runs; no figure is meaningful)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPES = {"mlp": ("x", (1, 256)), "cnn": ("image", (1, 96, 96, 3))}
+SERVING = re.compile(r"serving model=.* grpc_port=(\d+)")
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def run_json(args: list[str], timeout: float) -> Any:
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{args} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+class Process:
+    """A server subprocess, stopped with SIGTERM."""
+
+    def __init__(self, args: list[str], log: Path) -> None:
+        self.log = log
+        self.handle = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=ENV,
+                                       stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+    def wait_for(self, find: Callable[[], object], timeout: float = 180) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = find()
+            if found:
+                return str(found)
+            if self.handle.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.handle.args!r} did not start:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        self.handle.send_signal(signal.SIGTERM)
+        try:
+            self.handle.wait(30)
+        except subprocess.TimeoutExpired:
+            self.handle.kill()
+
+
+def start_ours(base: Path, flags: list[str], work: Path, label: str) -> tuple[Process, str]:
+    log = work / f"{label}.log"
+    process = Process(["-m", "server", "--model-base-path", str(base), "--model-name", base.name,
+                       "--port", "0", "--metrics-port", "-1", "--drain-delay-s", "0", *flags], log)
+
+    def port() -> str | None:
+        match = SERVING.search(log.read_text(errors="replace"))
+        return match.group(1) if match else None
+
+    return process, f"127.0.0.1:{process.wait_for(port)}"
+
+
+def start_fixed(response: Path, work: Path, label: str) -> tuple[Process, str]:
+    port_file = work / f"{label}.port"
+    process = Process(["-m", "bench.fixed_server", str(port_file), str(response)], work / f"{label}.log")
+    port = process.wait_for(lambda: port_file.read_text() if port_file.exists() else None)
+    return process, f"127.0.0.1:{port}"
+
+
+def measure(target: str, model: str, input_file: Path, opts: argparse.Namespace) -> list[dict[str, Any]]:
+    name = SHAPES[model][0]
+    return list(run_json(
+        ["-m", "client", "bench", "--target", target, "--model", model, "--no-metadata",
+         "--input", f"{name}={input_file}", "--concurrency", opts.concurrency,
+         "--warmup-s", str(opts.warmup_s), "--seconds", str(opts.seconds)],
+        timeout=600,
+    ))
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}" if b else "n/a"
+
+
+def report(results: dict[str, Any], opts: argparse.Namespace) -> str:
+    lines = [f"# Benchmark ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, "
+             f"{opts.seconds:g} s per point after {opts.warmup_s:g} s warm-up, one closed-loop client "
+             "sending 1-row requests on the same machine)", ""]
+    for model, r in results.items():
+        ceiling = r["inprocess"]
+        lines += [f"## {model}", "",
+                  "In-process ceiling (SavedModel called directly): "
+                  + ", ".join(f"batch {b}: {v:,.0f} rows/s" for b, v in ceiling.items()), "",
+                  "| clients | fixed-response gRPC req/s | batching off req/s | default req/s | default / fixed "
+                  "| default / off | default / in-process@64 | p50 ms off | p50 ms default | p99 ms default |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        best_ceiling = ceiling.get("64") or max(ceiling.values())
+        for fixed, off, default in zip(r["fixed"], r["off"], r["default"], strict=True):
+            lines.append(
+                f"| {default['concurrency']} | {fixed['req_per_s']:,.0f} | {off['req_per_s']:,.0f} "
+                f"| {default['req_per_s']:,.0f} | {ratio(default['req_per_s'], fixed['req_per_s'])} "
+                f"| {ratio(default['req_per_s'], off['req_per_s'])} "
+                f"| {ratio(default['rows_per_s'], best_ceiling)} | {off['p50_ms']:.2f} | {default['p50_ms']:.2f} "
+                f"| {default['p99_ms']:.2f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--warmup-s", type=float, default=2.0)
+    parser.add_argument("--concurrency", default="1,16,64")
+    parser.add_argument("--models", default="mlp,cnn")
+    parser.add_argument("--out", default=str(ROOT / "build" / "bench"))
+    parser.add_argument("--smoke", action="store_true", help="seconds in all; for `make test`")
+    parser.add_argument("--server-flags", default="", help="extra flags for the default-settings server")
+    opts = parser.parse_args(argv)
+    if opts.smoke:
+        opts.seconds, opts.warmup_s, opts.concurrency, opts.models = 0.5, 0.3, "1,4", "mlp"
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for model in opts.models.split(","):
+            base = Path(run_json(["-c", "import json, sys; from pathlib import Path; from bench.models import build; "
+                                  f"print(json.dumps(str(build({model!r}, Path(sys.argv[1])))))",
+                                  str(out / "models")], timeout=600))
+            shape = SHAPES[model][1]
+            input_file = work / f"{model}-input.npy"
+            np.save(input_file, np.random.default_rng(0).standard_normal(shape).astype(np.float32))
+            response = work / f"{model}-response.pb"
+            inprocess = run_json(["-m", "bench.inprocess", str(base), str(input_file), str(response),
+                                  str(max(opts.seconds / 2, 0.3)), "1", "16", "64"], timeout=600)
+            print(f"{model} in-process rows/s: {inprocess}", file=sys.stderr, flush=True)
+            entry: dict[str, Any] = {"inprocess": inprocess}
+            for label in ("fixed", "off", "default"):
+                if label == "fixed":
+                    process, target = start_fixed(response, work, f"{model}-fixed")
+                else:
+                    flags = ["--max-batch-size", "1"] if label == "off" else opts.server_flags.split()
+                    process, target = start_ours(base, flags, work, f"{model}-{label}")
+                try:
+                    entry[label] = measure(target, model, input_file, opts)
+                finally:
+                    process.stop()
+                print(f"{model} {label}: " + ", ".join(
+                    f"C={r['concurrency']} {r['req_per_s']:,.0f} req/s p50 {r['p50_ms']:.2f} ms"
+                    for r in entry[label]), file=sys.stderr, flush=True)
+            results[model] = entry
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    markdown = report(results, opts)
+    (out / "results.md").write_text(markdown)
+    print(markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""`python -m client bench`: a load generator that does not hide queueing.
+
+- Closed loop: C callers, each sending its next request as soon as the last one is answered.
+- Open loop: requests start at Poisson arrival times of a given rate, whether or not earlier ones
+  were answered, and latency is measured from the *scheduled* start, so a slow server cannot
+  slow the arrivals down and hide its own queueing (coordinated omission).
+
+Requests are serialized once and sent as raw bytes, and responses are not decoded, so the
+generator spends as little CPU as it can on the machine it shares with the server. A warm-up
+period runs first; only calls that complete inside the measured window count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import grpc
+
+PREDICT_PATH = "/tensorflow.serving.PredictionService/Predict"
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    mode: str
+    """closed or open."""
+    concurrency: int
+    rate: float
+    rows: int
+    seconds: float
+    requests: int
+    codes: dict[str, int]
+    req_per_s: float
+    """OK answers per second."""
+    rows_per_s: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    p999_ms: float
+    max_ms: float
+
+
+def _percentile(ordered: Sequence[float], q: float) -> float:
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summarize(mode: str, concurrency: int, rate: float, rows: int, seconds: float,
+              samples: list[tuple[float, str]]) -> BenchResult:
+    """samples: (latency in seconds, status code name) of calls completed in the window."""
+    codes = Counter(code for _, code in samples)
+    ok = sorted(lat for lat, code in samples if code == "OK")
+    ms = [x * 1e3 for x in ok]
+    return BenchResult(
+        mode=mode, concurrency=concurrency, rate=rate, rows=rows, seconds=seconds, requests=len(samples),
+        codes=dict(codes), req_per_s=len(ok) / seconds, rows_per_s=len(ok) * rows / seconds,
+        p50_ms=_percentile(ms, 0.5), p90_ms=_percentile(ms, 0.9), p99_ms=_percentile(ms, 0.99),
+        p999_ms=_percentile(ms, 0.999), max_ms=ms[-1] if ms else float("nan"),
+    )
+
+
+async def closed_loop(target: str, payload: bytes, concurrency: int, warmup_s: float, seconds: float,
+                      rows: int, timeout: float = 30.0) -> BenchResult:
+    samples: list[tuple[float, str]] = []
+    async with grpc.aio.insecure_channel(target) as channel:
+        call = channel.unary_unary(PREDICT_PATH)
+        start = time.perf_counter() + warmup_s
+        end = start + seconds
+
+        async def caller() -> None:
+            while True:
+                sent = time.perf_counter()
+                if sent >= end:
+                    return
+                try:
+                    await call(payload, timeout=timeout)
+                    code = "OK"
+                except grpc.aio.AioRpcError as exc:
+                    code = exc.code().name
+                done = time.perf_counter()
+                if start <= done <= end:
+                    samples.append((done - sent, code))
+
+        await asyncio.gather(*(caller() for _ in range(concurrency)))
+    return summarize("closed", concurrency, 0.0, rows, seconds, samples)
+
+
+async def open_loop(target: str, payload: bytes, rate: float, warmup_s: float, seconds: float,
+                    rows: int, timeout: float = 30.0, seed: int = 0) -> BenchResult:
+    samples: list[tuple[float, str]] = []
+    rng = random.Random(seed)
+    async with grpc.aio.insecure_channel(target) as channel:
+        call = channel.unary_unary(PREDICT_PATH)
+        origin = time.perf_counter()
+        start = origin + warmup_s
+        end = start + seconds
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def one(scheduled: float) -> None:
+            try:
+                await call(payload, timeout=timeout)
+                code = "OK"
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code().name
+            done = time.perf_counter()
+            if start <= done <= end:
+                samples.append((done - scheduled, code))  # from the scheduled start
+
+        scheduled = origin
+        while True:
+            scheduled += rng.expovariate(rate)
+            if scheduled >= end:
+                break
+            delay = scheduled - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(one(scheduled))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.wait(tasks)
+    return summarize("open", 0, rate, rows, seconds, samples)
+
+
+def table(results: Sequence[BenchResult]) -> str:
+    header = ("mode", "load", "rows", "req/s", "rows/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms", "codes")
+    lines = [" | ".join(header), " | ".join("---" for _ in header)]
+    for r in results:
+        load = f"C={r.concurrency}" if r.mode == "closed" else f"{r.rate:g}/s"
+        codes = " ".join(f"{k}={v}" for k, v in sorted(r.codes.items()))
+        lines.append(" | ".join((r.mode, load, str(r.rows), f"{r.req_per_s:.0f}", f"{r.rows_per_s:.0f}",
+                                 f"{r.p50_ms:.2f}", f"{r.p90_ms:.2f}", f"{r.p99_ms:.2f}", f"{r.p999_ms:.2f}",
+                                 f"{r.max_ms:.2f}", codes)))
+    return "\n".join(lines)
+
+
+def to_json(results: Sequence[BenchResult]) -> str:
+    return json.dumps([asdict(r) for r in results])

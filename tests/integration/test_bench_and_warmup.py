@@ -1,0 +1,95 @@
+"""The benchmark in miniature (what `make bench` runs at full length), the load generator's open
+loop, and the promises of warm-up: no trace after SERVING, and no slow first request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from client.api import build_predict_request
+from protos.tensorflow_serving import prediction_service_pb2_grpc
+from tests.integration.conftest import ROOT, start_server
+
+
+def test_bench_suite_smoke(tmp_path: Path) -> None:
+    """Seconds, not minutes; no timing is asserted, only that every figure is produced."""
+    done = subprocess.run([sys.executable, "-m", "bench.suite", "--smoke", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    mlp = results["mlp"]
+    assert set(mlp["inprocess"]) == {"1", "16", "64"} and all(v > 0 for v in mlp["inprocess"].values())
+    for label in ("fixed", "off", "default"):
+        assert [r["concurrency"] for r in mlp[label]] == [1, 4]
+        assert all(r["codes"] == {"OK": r["requests"]} and r["req_per_s"] > 0 for r in mlp[label]), mlp[label]
+    table = (tmp_path / "results.md").read_text()
+    print(table)
+    assert "| 1 |" in table and "| 4 |" in table and "default / fixed" in table
+
+
+def test_client_bench_open_loop(server_for, tmp_path: Path) -> None:
+    server = server_for("echo", "--max-batch-size", "8")
+    np.save(tmp_path / "x.npy", np.array([[1, 2]], np.int64))
+    done = subprocess.run(
+        [sys.executable, "-m", "client", "bench", "--target", server.target, "--model", "echo",
+         "--rate", "200", "--warmup-s", "0.2", "--seconds", "1", "--json", str(tmp_path / "out.json")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (result,) = json.loads((tmp_path / "out.json").read_text())
+    print(done.stdout.splitlines()[2])
+    assert result["mode"] == "open" and result["rate"] == 200
+    assert result["codes"] == {"OK": result["requests"]}
+    assert 100 < result["requests"] < 300  # Poisson arrivals at 200/s over 1 s
+    assert 0 < result["p50_ms"] <= result["p99_ms"] <= result["max_ms"]
+
+
+def test_no_trace_after_serving_and_fast_first_request(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    server = start_server(["--model-base-path", str(model_dirs["demo"]), "--model-name", "demo",
+                           "--replicas", "2", "--max-batch-size", "16"], tmp_path / "server.log", ready=False)
+    row = np.random.default_rng(0).standard_normal((1, 8)).astype(np.float32)
+    one_row = build_predict_request("demo", {"x": row})
+    try:
+        with grpc.insecure_channel(server.target) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            serving = health_pb2.HealthCheckResponse.SERVING
+            deadline = time.monotonic() + 120
+            while health.Check(health_pb2.HealthCheckRequest(), timeout=5).status != serving:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            started = time.perf_counter()
+            stub.Predict(one_row, timeout=10)
+            first = time.perf_counter() - started
+            traces_at_start = server.metric("mirrorserve_tf_function_traces_total", model="demo")
+
+            async def mixed() -> None:
+                async with grpc.aio.insecure_channel(server.target) as aio_channel:
+                    aio_stub = prediction_service_pb2_grpc.PredictionServiceStub(aio_channel)
+                    sizes = [*range(1, 17), 40] * 3  # every size up to the budget, and one over it
+                    await asyncio.gather(*(aio_stub.Predict(build_predict_request(
+                        "demo", {"x": np.repeat(row, n, axis=0)}), timeout=30) for n in sizes))
+
+            asyncio.run(mixed())
+            steady = []
+            for _ in range(300):
+                started = time.perf_counter()
+                stub.Predict(one_row, timeout=10)
+                steady.append(time.perf_counter() - started)
+            traces_after = server.metric("mirrorserve_tf_function_traces_total", model="demo")
+    finally:
+        server.stop()
+    p99 = sorted(steady)[int(0.99 * len(steady))]
+    print(f"first request after SERVING {first * 1e3:.2f} ms; steady state p50 "
+          f"{statistics.median(steady) * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms; traces {traces_at_start:.0f} -> "
+          f"{traces_after:.0f}")
+    assert traces_at_start == traces_after == 1
+    assert first <= p99
