@@ -65,6 +65,15 @@ def summarize(mode: str, concurrency: int, rate: float, rows: int, seconds: floa
     )
 
 
+async def _status(call: grpc.aio.UnaryUnaryMultiCallable, payload: bytes, timeout: float) -> str:
+    """Send one request; its status code name."""
+    try:
+        await call(payload, timeout=timeout)
+    except grpc.aio.AioRpcError as exc:
+        return str(exc.code().name)
+    return "OK"
+
+
 async def closed_loop(target: str, payload: bytes, concurrency: int, warmup_s: float, seconds: float,
                       rows: int, timeout: float = 30.0) -> BenchResult:
     samples: list[tuple[float, str]] = []
@@ -78,11 +87,7 @@ async def closed_loop(target: str, payload: bytes, concurrency: int, warmup_s: f
                 sent = time.perf_counter()
                 if sent >= end:
                     return
-                try:
-                    await call(payload, timeout=timeout)
-                    code = "OK"
-                except grpc.aio.AioRpcError as exc:
-                    code = exc.code().name
+                code = await _status(call, payload, timeout)
                 done = time.perf_counter()
                 if start <= done <= end:
                     samples.append((done - sent, code))
@@ -103,11 +108,7 @@ async def open_loop(target: str, payload: bytes, rate: float, warmup_s: float, s
         tasks: set[asyncio.Task[None]] = set()
 
         async def one(scheduled: float) -> None:
-            try:
-                await call(payload, timeout=timeout)
-                code = "OK"
-            except grpc.aio.AioRpcError as exc:
-                code = exc.code().name
+            code = await _status(call, payload, timeout)
             done = time.perf_counter()
             if start <= done <= end:
                 samples.append((done - scheduled, code))  # from the scheduled start

@@ -6,72 +6,19 @@ pytest-asyncio is not used: every test runs its own `asyncio.run(main())`.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
-from collections.abc import Callable, Coroutine, Hashable, Iterator
+from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
+from batcher_fakes import FakeModel, RecordingObserver, Tensors, assert_answer, double, refused, request, until
 
 from server.batcher import Batcher
-from server.errors import ModelFailure, Overloaded, Unavailable
+from server.errors import ModelFailure, Unavailable
 
 pytestmark = pytest.mark.timeout(30)
-
-Tensors = dict[str, np.ndarray]
-
-
-@dataclass(frozen=True)
-class Call:
-    key: Hashable
-    x: np.ndarray
-    at: float
-
-    @property
-    def rows(self) -> int:
-        return int(self.x.shape[0])
-
-
-def double(key: Hashable, batch: Tensors) -> Tensors:
-    return {"y": batch["x"] * 2}
-
-
-class FakeModel:
-    """The run_batch stand-in: records every batch, then waits on `gate` (open unless a test closes
-    it) and answers with `respond` (y = 2x unless a test swaps it)."""
-
-    def __init__(self) -> None:
-        self.calls: list[Call] = []
-        self.lock = threading.Lock()
-        self.gate = threading.Event()
-        self.gate.set()
-        self.respond: Callable[[Hashable, Tensors], Tensors] = double
-
-    def __call__(self, key: Hashable, batch: Tensors) -> Tensors:
-        with self.lock:
-            self.calls.append(Call(key, batch["x"].copy(), time.monotonic()))
-        assert self.gate.wait(timeout=10), "test left the gate closed"
-        return self.respond(key, batch)
-
-    def rows_seen(self) -> list[int]:
-        return [int(v) for c in self.calls for v in c.x[:, 0]]
-
-
-@pytest.fixture
-def executor() -> Iterator[ThreadPoolExecutor]:
-    ex = ThreadPoolExecutor(1, thread_name_prefix="fake-model")
-    yield ex
-    ex.shutdown(wait=True, cancel_futures=True)
-
-
-@pytest.fixture
-def model(executor: ThreadPoolExecutor) -> Iterator[FakeModel]:
-    m = FakeModel()
-    yield m
-    m.gate.set()  # torn down before the executor, so its shutdown never waits on a held batch
 
 
 def start(model: FakeModel, executor: ThreadPoolExecutor, **limits: Any) -> Batcher:
@@ -83,34 +30,9 @@ def start(model: FakeModel, executor: ThreadPoolExecutor, **limits: Any) -> Batc
     return batcher
 
 
-def request(first: int, rows: int, width: int = 1) -> Tensors:
-    """Rows first..first+rows-1 (each value repeated `width` times), so every row is identifiable."""
-    column = np.arange(first, first + rows, dtype=np.int64).reshape(rows, 1)
-    return {"x": np.repeat(column, width, axis=1)}
-
-
 async def submit(batcher: Batcher, inputs: Tensors, key: Hashable = "k") -> Tensors:
     answer = await batcher.submit(key, inputs, int(inputs["x"].shape[0]))
     return answer.outputs
-
-
-def assert_answer(inputs: Tensors, outputs: Tensors) -> None:
-    assert set(outputs) == {"y"}
-    assert outputs["y"].shape == inputs["x"].shape
-    np.testing.assert_array_equal(outputs["y"], inputs["x"] * 2)
-
-
-async def refused(call: Coroutine[Any, Any, Tensors], match: str) -> None:
-    """The submit must fail with Overloaded at once (a short wait_for keeps a miss from hanging)."""
-    with pytest.raises(Overloaded, match=match):
-        await asyncio.wait_for(call, timeout=0.5)
-
-
-async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.001)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -524,26 +446,6 @@ def test_full_batch_of_another_key_does_not_wait_behind_an_older_key(
         assert elapsed < 0.4, elapsed
 
     asyncio.run(main())
-
-
-class RecordingObserver:
-    def __init__(self) -> None:
-        self.queue: list[tuple[int, int]] = []
-        self.started: list[int] = []
-        self.finished: list[float | None] = []
-        self.request_queue_seconds: list[float] = []
-
-    def queue_changed(self, rows: int, requests: int) -> None:
-        self.queue.append((rows, requests))
-
-    def batch_started(self, rows: int) -> None:
-        self.started.append(rows)
-
-    def batch_finished(self, seconds: float | None) -> None:
-        self.finished.append(seconds)
-
-    def request_finished(self, queue_seconds: float) -> None:
-        self.request_queue_seconds.append(queue_seconds)
 
 
 def test_answer_timings_and_observer(model: FakeModel, executor: ThreadPoolExecutor) -> None:

@@ -2,7 +2,7 @@
 the queue gauge after requests die in every way.
 
 Same setup as test_batcher.py (a fake model on a one-thread executor, `asyncio.run` in each test,
-no pytest-asyncio); the helpers are copied because tests/unit is not a package.
+no pytest-asyncio); the fakes are in batcher_fakes.py, the fixtures in conftest.py.
 """
 
 from __future__ import annotations
@@ -10,34 +10,18 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Coroutine, Hashable, Iterator
+from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
+from batcher_fakes import FakeModel, RecordingObserver, Tensors, assert_answer, double, refused, request, until
 
 from server.batcher import Batcher
-from server.errors import DeadlineExceeded, Overloaded
+from server.errors import DeadlineExceeded
 
 pytestmark = pytest.mark.timeout(30)
-
-Tensors = dict[str, np.ndarray]
-
-
-@dataclass(frozen=True)
-class Call:
-    key: Hashable
-    x: np.ndarray
-
-    @property
-    def rows(self) -> int:
-        return int(self.x.shape[0])
-
-
-def double(key: Hashable, batch: Tensors) -> Tensors:
-    return {"y": batch["x"] * 2}
 
 
 class Poisoned(RuntimeError):
@@ -51,83 +35,6 @@ def fail_on_negative(key: Hashable, batch: Tensors) -> Tensors:
     return double(key, batch)
 
 
-class FakeModel:
-    """The run_batch stand-in: records every batch, then waits on `gate` (open unless a test closes
-    it) and answers with `respond` (y = 2x unless a test swaps it)."""
-
-    def __init__(self) -> None:
-        self.calls: list[Call] = []
-        self.lock = threading.Lock()
-        self.gate = threading.Event()
-        self.gate.set()
-        self.respond: Callable[[Hashable, Tensors], Tensors] = double
-        self.holds: dict[int, threading.Event] = {}
-        """A batch whose first row has one of these values waits on its event after the gate."""
-
-    def __call__(self, key: Hashable, batch: Tensors) -> Tensors:
-        with self.lock:
-            self.calls.append(Call(key, batch["x"].copy()))
-        assert self.gate.wait(timeout=10), "test left the gate closed"
-        hold = self.holds.get(int(batch["x"][0, 0]))
-        if hold is not None:
-            assert hold.wait(timeout=10), "test left a hold closed"
-        return self.respond(key, batch)
-
-    def release_all(self) -> None:
-        self.gate.set()
-        for hold in self.holds.values():
-            hold.set()
-
-    def rows_seen(self) -> list[int]:
-        return [int(v) for c in self.calls for v in c.x[:, 0]]
-
-    def batches(self) -> list[list[int]]:
-        return [[int(v) for v in c.x[:, 0]] for c in self.calls]
-
-
-class RecordingObserver:
-    def __init__(self) -> None:
-        self.queue: list[tuple[int, int]] = []
-        self.started: list[int] = []
-        self.finished: list[float | None] = []
-        self.request_queue_seconds: list[float] = []
-        self.dropped: list[str] = []
-
-    def queue_changed(self, rows: int, requests: int) -> None:
-        self.queue.append((rows, requests))
-
-    def batch_started(self, rows: int) -> None:
-        self.started.append(rows)
-
-    def batch_finished(self, seconds: float | None) -> None:
-        self.finished.append(seconds)
-
-    def request_finished(self, queue_seconds: float) -> None:
-        self.request_queue_seconds.append(queue_seconds)
-
-    def request_dropped(self, reason: str) -> None:
-        self.dropped.append(reason)
-
-
-@pytest.fixture
-def executor() -> Iterator[ThreadPoolExecutor]:
-    ex = ThreadPoolExecutor(1, thread_name_prefix="fake-model")
-    yield ex
-    ex.shutdown(wait=True, cancel_futures=True)
-
-
-@pytest.fixture
-def model(executor: ThreadPoolExecutor) -> Iterator[FakeModel]:
-    m = FakeModel()
-    yield m
-    m.release_all()  # torn down before the executor, so its shutdown never waits on a held batch
-
-
-@pytest.fixture
-def observer() -> RecordingObserver:
-    return RecordingObserver()
-
-
 def start(model: FakeModel, executor: ThreadPoolExecutor, observer: RecordingObserver, **limits: Any) -> Batcher:
     """A started Batcher; call inside the running loop."""
     settings: dict[str, Any] = {"max_batch_rows": 64, "timeout_s": 0.01, "max_queued_rows": 1000}
@@ -137,11 +44,6 @@ def start(model: FakeModel, executor: ThreadPoolExecutor, observer: RecordingObs
     return batcher
 
 
-def request(first: int, rows: int) -> Tensors:
-    """Rows first..first+rows-1, so every row is identifiable."""
-    return {"x": np.arange(first, first + rows, dtype=np.int64).reshape(rows, 1)}
-
-
 def rows_of(values: list[int]) -> Tensors:
     return {"x": np.array(values, dtype=np.int64).reshape(len(values), 1)}
 
@@ -149,25 +51,6 @@ def rows_of(values: list[int]) -> Tensors:
 async def submit(batcher: Batcher, inputs: Tensors, deadline: float | None = None) -> Tensors:
     answer = await batcher.submit("k", inputs, int(inputs["x"].shape[0]), deadline=deadline)
     return answer.outputs
-
-
-def assert_answer(inputs: Tensors, outputs: Any) -> None:
-    assert isinstance(outputs, dict), outputs
-    assert set(outputs) == {"y"}
-    np.testing.assert_array_equal(outputs["y"], inputs["x"] * 2)
-
-
-async def refused(call: Coroutine[Any, Any, Tensors], match: str) -> None:
-    """The submit must fail with Overloaded at once (a short wait_for keeps a miss from hanging)."""
-    with pytest.raises(Overloaded, match=match):
-        await asyncio.wait_for(call, timeout=0.5)
-
-
-async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.001)
 
 
 async def turns(n: int = 2) -> None:

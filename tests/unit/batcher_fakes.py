@@ -1,0 +1,120 @@
+"""Fakes and helpers shared by the batcher's unit tests (tests/unit is not a package; pytest puts
+this folder on sys.path, so test modules import this one by name)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Coroutine, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+from server.errors import Overloaded
+
+Tensors = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Call:
+    key: Hashable
+    x: np.ndarray
+    at: float
+
+    @property
+    def rows(self) -> int:
+        return int(self.x.shape[0])
+
+
+def double(key: Hashable, batch: Tensors) -> Tensors:
+    return {"y": batch["x"] * 2}
+
+
+class FakeModel:
+    """The run_batch stand-in: records every batch, then waits on `gate` (open unless a test closes
+    it) and on a hold keyed by the batch's first row, if any, and answers with `respond` (y = 2x
+    unless a test swaps it)."""
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+        self.lock = threading.Lock()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.respond: Callable[[Hashable, Tensors], Tensors] = double
+        self.holds: dict[int, threading.Event] = {}
+        """A batch whose first row has one of these values waits on its event after the gate."""
+
+    def __call__(self, key: Hashable, batch: Tensors) -> Tensors:
+        with self.lock:
+            self.calls.append(Call(key, batch["x"].copy(), time.monotonic()))
+        assert self.gate.wait(timeout=10), "test left the gate closed"
+        hold = self.holds.get(int(batch["x"][0, 0]))
+        if hold is not None:
+            assert hold.wait(timeout=10), "test left a hold closed"
+        return self.respond(key, batch)
+
+    def release_all(self) -> None:
+        self.gate.set()
+        for hold in self.holds.values():
+            hold.set()
+
+    def rows_seen(self) -> list[int]:
+        return [int(v) for c in self.calls for v in c.x[:, 0]]
+
+    def batches(self) -> list[list[int]]:
+        return [[int(v) for v in c.x[:, 0]] for c in self.calls]
+
+
+class RecordingObserver:
+    """A BatchObserver that remembers every report."""
+
+    def __init__(self) -> None:
+        self.queue: list[tuple[int, int]] = []
+        self.started: list[int] = []
+        self.finished: list[float | None] = []
+        self.request_queue_seconds: list[float] = []
+        self.dropped: list[str] = []
+
+    def queue_changed(self, rows: int, requests: int) -> None:
+        self.queue.append((rows, requests))
+
+    def batch_started(self, rows: int) -> None:
+        self.started.append(rows)
+
+    def batch_finished(self, seconds: float | None) -> None:
+        self.finished.append(seconds)
+
+    def request_finished(self, queue_seconds: float) -> None:
+        self.request_queue_seconds.append(queue_seconds)
+
+    def request_dropped(self, reason: str) -> None:
+        self.dropped.append(reason)
+
+
+def request(first: int, rows: int, width: int = 1) -> Tensors:
+    """Rows first..first+rows-1 (each value repeated `width` times), so every row is identifiable."""
+    column = np.arange(first, first + rows, dtype=np.int64).reshape(rows, 1)
+    return {"x": np.repeat(column, width, axis=1)}
+
+
+def assert_answer(inputs: Tensors, outputs: Any) -> None:
+    assert isinstance(outputs, dict), outputs
+    assert set(outputs) == {"y"}
+    assert outputs["y"].shape == inputs["x"].shape
+    np.testing.assert_array_equal(outputs["y"], inputs["x"] * 2)
+
+
+async def refused(call: Coroutine[Any, Any, Tensors], match: str) -> None:
+    """The submit must fail with Overloaded at once (a short wait_for keeps a miss from hanging)."""
+    with pytest.raises(Overloaded, match=match):
+        await asyncio.wait_for(call, timeout=0.5)
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.001)
