@@ -8,7 +8,11 @@ For an overhead-bound model (mlp) and a compute-bound one (cnn), it measures
 each server under `python -m client bench` at 1, 16 and 64 concurrent 1-row callers, and writes a
 markdown table with the ratios (build/bench/results.md) and the raw figures (results.json).
 
-usage: python -m bench.suite [--seconds S] [--warmup-s S] [--concurrency 1,16,64] [--models mlp,cnn]
+A shared 2-core machine drifts by tens of percent from one minute to the next, so the three
+servers are measured in turns (fixed, off, default, fixed, off, default, ...) `--repeat` times,
+and each figure is the median of its repeats: drift then hits all three alike.
+
+usage: python -m bench.suite [--seconds S] [--warmup-s S] [--concurrency 1,16,64] [--models mlp,cnn] [--repeat N]
        [--smoke]   (a few seconds in all: what `make test` runs; no figure is meaningful)
 """
 
@@ -99,14 +103,30 @@ def measure(target: str, model: str, input_file: Path, opts: argparse.Namespace)
     ))
 
 
+def median_runs(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per load level, the run whose req/s is the median of the repeats (its latencies with it)."""
+    merged = []
+    for level in zip(*runs, strict=True):
+        ordered = sorted(level, key=lambda r: r["req_per_s"])
+        merged.append({**ordered[len(ordered) // 2], "repeats_req_per_s": [r["req_per_s"] for r in level]})
+    return merged
+
+
+def rate(run: dict[str, Any]) -> str:
+    """req/s of the median run, with the range over the repeats."""
+    repeats = run.get("repeats_req_per_s", [])
+    spread = f" ({min(repeats):,.0f}–{max(repeats):,.0f})" if len(repeats) > 1 else ""
+    return f"{run['req_per_s']:,.0f}{spread}"
+
+
 def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}" if b else "n/a"
 
 
 def report(results: dict[str, Any], opts: argparse.Namespace) -> str:
     lines = [f"# Benchmark ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, "
-             f"{opts.seconds:g} s per point after {opts.warmup_s:g} s warm-up, one closed-loop client "
-             "sending 1-row requests on the same machine)", ""]
+             f"{opts.seconds:g} s per point after {opts.warmup_s:g} s warm-up, median of {opts.repeat} "
+             "interleaved runs, one closed-loop client sending 1-row requests on the same machine)", ""]
     for model, r in results.items():
         ceiling = r["inprocess"]
         lines += [f"## {model}", "",
@@ -118,8 +138,8 @@ def report(results: dict[str, Any], opts: argparse.Namespace) -> str:
         best_ceiling = ceiling.get("64") or max(ceiling.values())
         for fixed, off, default in zip(r["fixed"], r["off"], r["default"], strict=True):
             lines.append(
-                f"| {default['concurrency']} | {fixed['req_per_s']:,.0f} | {off['req_per_s']:,.0f} "
-                f"| {default['req_per_s']:,.0f} | {ratio(default['req_per_s'], fixed['req_per_s'])} "
+                f"| {default['concurrency']} | {rate(fixed)} | {rate(off)} "
+                f"| {rate(default)} | {ratio(default['req_per_s'], fixed['req_per_s'])} "
                 f"| {ratio(default['req_per_s'], off['req_per_s'])} "
                 f"| {ratio(default['rows_per_s'], best_ceiling)} | {off['p50_ms']:.2f} | {default['p50_ms']:.2f} "
                 f"| {default['p99_ms']:.2f} |")
@@ -133,12 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-s", type=float, default=2.0)
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--models", default="mlp,cnn")
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved runs per point; the median counts")
     parser.add_argument("--out", default=str(ROOT / "build" / "bench"))
     parser.add_argument("--smoke", action="store_true", help="seconds in all; for `make test`")
     parser.add_argument("--server-flags", default="", help="extra flags for the default-settings server")
     opts = parser.parse_args(argv)
     if opts.smoke:
-        opts.seconds, opts.warmup_s, opts.concurrency, opts.models = 0.5, 0.3, "1,4", "mlp"
+        opts.seconds, opts.warmup_s, opts.concurrency, opts.models, opts.repeat = 0.5, 0.3, "1,4", "mlp", 1
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
@@ -155,21 +176,22 @@ def main(argv: list[str] | None = None) -> int:
             inprocess = run_json(["-m", "bench.inprocess", str(base), str(input_file), str(response),
                                   str(max(opts.seconds / 2, 0.3)), "1", "16", "64"], timeout=600)
             print(f"{model} in-process rows/s: {inprocess}", file=sys.stderr, flush=True)
-            entry: dict[str, Any] = {"inprocess": inprocess}
-            for label in ("fixed", "off", "default"):
-                if label == "fixed":
-                    process, target = start_fixed(response, work, f"{model}-fixed")
-                else:
-                    flags = ["--max-batch-size", "1"] if label == "off" else opts.server_flags.split()
-                    process, target = start_ours(base, flags, work, f"{model}-{label}")
-                try:
-                    entry[label] = measure(target, model, input_file, opts)
-                finally:
-                    process.stop()
-                print(f"{model} {label}: " + ", ".join(
-                    f"C={r['concurrency']} {r['req_per_s']:,.0f} req/s p50 {r['p50_ms']:.2f} ms"
-                    for r in entry[label]), file=sys.stderr, flush=True)
-            results[model] = entry
+            runs: dict[str, list[list[dict[str, Any]]]] = {"fixed": [], "off": [], "default": []}
+            for _ in range(opts.repeat):
+                for label, label_runs in runs.items():
+                    if label == "fixed":
+                        process, target = start_fixed(response, work, f"{model}-fixed")
+                    else:
+                        flags = ["--max-batch-size", "1"] if label == "off" else opts.server_flags.split()
+                        process, target = start_ours(base, flags, work, f"{model}-{label}")
+                    try:
+                        label_runs.append(measure(target, model, input_file, opts))
+                    finally:
+                        process.stop()
+                    print(f"{model} {label}: " + ", ".join(
+                        f"C={r['concurrency']} {r['req_per_s']:,.0f} req/s p50 {r['p50_ms']:.2f} ms"
+                        for r in label_runs[-1]), file=sys.stderr, flush=True)
+            results[model] = {"inprocess": inprocess, **{label: median_runs(r) for label, r in runs.items()}}
     (out / "results.json").write_text(json.dumps(results, indent=1))
     markdown = report(results, opts)
     (out / "results.md").write_text(markdown)
