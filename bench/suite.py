@@ -115,7 +115,7 @@ def median_runs(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
 def rate(run: dict[str, Any]) -> str:
     """req/s of the median run, with the range over the repeats."""
     repeats = run.get("repeats_req_per_s", [])
-    spread = f" ({min(repeats):,.0f}–{max(repeats):,.0f})" if len(repeats) > 1 else ""
+    spread = f" ({min(repeats):,.0f}-{max(repeats):,.0f})" if len(repeats) > 1 else ""
     return f"{run['req_per_s']:,.0f}{spread}"
 
 
