@@ -88,6 +88,7 @@ def start_ours(base: Path, flags: list[str], work: Path, label: str) -> tuple[Pr
 
 def start_fixed(response: Path, work: Path, label: str) -> tuple[Process, str]:
     port_file = work / f"{label}.port"
+    port_file.unlink(missing_ok=True)  # a repeat must not read the last run's port
     process = Process(["-m", "bench.fixed_server", str(port_file), str(response)], work / f"{label}.log")
     port = process.wait_for(lambda: port_file.read_text() if port_file.exists() else None)
     return process, f"127.0.0.1:{port}"
@@ -107,6 +108,8 @@ def median_runs(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per load level, the run whose req/s is the median of the repeats (its latencies with it)."""
     merged = []
     for level in zip(*runs, strict=True):
+        if any(r["codes"] != {"OK": r["requests"]} or not r["requests"] for r in level):
+            raise RuntimeError(f"a benchmark run had failures or no answers: {level}")
         ordered = sorted(level, key=lambda r: r["req_per_s"])
         merged.append({**ordered[len(ordered) // 2], "repeats_req_per_s": [r["req_per_s"] for r in level]})
     return merged
