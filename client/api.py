@@ -67,7 +67,7 @@ def build_predict_request(
     if version is not None:
         request.model_spec.version.value = version
     for name, array in inputs.items():
-        request.inputs[name].CopyFrom(codec.to_tensor_proto(np.asarray(array)))
+        codec.fill_tensor_proto(request.inputs[name], np.asarray(array))
     request.output_filter.extend(output_filter)
     return request
 

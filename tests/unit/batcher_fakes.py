@@ -33,6 +33,17 @@ def double(key: Hashable, batch: Tensors) -> Tensors:
     return {"y": batch["x"] * 2}
 
 
+class Poisoned(RuntimeError):
+    """What fail_on_negative raises for a batch holding a negative row."""
+
+
+def fail_on_negative(key: Hashable, batch: Tensors) -> Tensors:
+    x = batch["x"]
+    if (x < 0).any():
+        raise Poisoned(f"batch of {x.shape[0]} rows")
+    return double(key, batch)
+
+
 class FakeModel:
     """The run_batch stand-in: records every batch, then waits on `gate` (open unless a test closes
     it) and on a hold keyed by the batch's first row, if any, and answers with `respond` (y = 2x

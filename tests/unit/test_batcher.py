@@ -13,7 +13,18 @@ from typing import Any
 
 import numpy as np
 import pytest
-from batcher_fakes import FakeModel, RecordingObserver, Tensors, assert_answer, double, refused, request, until
+from batcher_fakes import (
+    FakeModel,
+    Poisoned,
+    RecordingObserver,
+    Tensors,
+    assert_answer,
+    double,
+    fail_on_negative,
+    refused,
+    request,
+    until,
+)
 
 from server.batcher import Batcher
 from server.errors import ModelFailure, Unavailable
@@ -290,11 +301,6 @@ def test_cancelled_split_request_leaves_its_remaining_rows_uncomputed(
 def test_failing_batch_fails_only_the_request_that_breaks_it(
     model: FakeModel, executor: ThreadPoolExecutor
 ) -> None:
-    def fail_on_negative(key: Hashable, batch: Tensors) -> Tensors:
-        if (batch["x"] < 0).any():
-            raise RuntimeError("boom")
-        return double(key, batch)
-
     model.respond = fail_on_negative
 
     async def main() -> None:
@@ -303,7 +309,7 @@ def test_failing_batch_fails_only_the_request_that_breaks_it(
         results = await asyncio.gather(*(submit(b, r) for r in (bad, mate, c, d)), return_exceptions=True)
         # The failed batch [bad, mate] is re-run in halves: bad alone fails, mate alone succeeds.
         assert [c.rows for c in model.calls] == [2, 1, 1, 2]
-        assert isinstance(results[0], RuntimeError) and str(results[0]) == "boom"
+        assert isinstance(results[0], Poisoned) and str(results[0]) == "batch of 1 rows"
         assert_answer(mate, results[1])  # type: ignore[arg-type]
         assert_answer(c, results[2])  # type: ignore[arg-type]
         assert_answer(d, results[3])  # type: ignore[arg-type]
@@ -318,16 +324,11 @@ def test_failing_batch_fails_only_the_request_that_breaks_it(
 def test_failure_of_a_split_request_drops_its_remaining_rows(
     model: FakeModel, executor: ThreadPoolExecutor
 ) -> None:
-    def fail_on_negative(key: Hashable, batch: Tensors) -> Tensors:
-        if (batch["x"] < 0).any():
-            raise RuntimeError("boom")
-        return double(key, batch)
-
     model.respond = fail_on_negative
 
     async def main() -> None:
         b = start(model, executor, max_batch_rows=4, timeout_s=0.0)
-        with pytest.raises(RuntimeError, match="boom"):
+        with pytest.raises(Poisoned, match="batch of 4 rows"):
             await submit(b, request(-1, 6))  # rows -1..2 fail in the first batch
         ok = request(50, 1)
         assert_answer(ok, await submit(b, ok))

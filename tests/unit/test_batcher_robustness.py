@@ -10,29 +10,27 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import pytest
-from batcher_fakes import FakeModel, RecordingObserver, Tensors, assert_answer, double, refused, request, until
+from batcher_fakes import (
+    FakeModel,
+    Poisoned,
+    RecordingObserver,
+    Tensors,
+    assert_answer,
+    fail_on_negative,
+    refused,
+    request,
+    until,
+)
 
 from server.batcher import Batcher
 from server.errors import DeadlineExceeded
 
 pytestmark = pytest.mark.timeout(30)
-
-
-class Poisoned(RuntimeError):
-    """What the fake model raises for a batch holding a negative row."""
-
-
-def fail_on_negative(key: Hashable, batch: Tensors) -> Tensors:
-    x = batch["x"]
-    if (x < 0).any():
-        raise Poisoned(f"batch of {x.shape[0]} rows")
-    return double(key, batch)
 
 
 def start(model: FakeModel, executor: ThreadPoolExecutor, observer: RecordingObserver, **limits: Any) -> Batcher:
