@@ -71,8 +71,6 @@ def load_model(settings: Settings) -> Loaded:
         for name, signature in info.signatures.items()
         if name not in info.unservable
     }
-    for runner in runners.values():
-        runner.warm_up(settings.max_batch_size)
     return Loaded(loaded, devices, runners)
 
 
@@ -138,6 +136,11 @@ async def serve(settings: Settings) -> None:
         return loaded.runners[key.signature](batch)
 
     executor = ThreadPoolExecutor(max_workers=settings.max_inflight_batches, thread_name_prefix="model")
+    # Warm up on the threads that will run batches: TensorFlow and oneDNN set up per-thread state
+    # on a thread's first call, which would otherwise land on the first real request.
+    for _ in range(settings.max_inflight_batches):
+        for runner in loaded.runners.values():
+            await loop.run_in_executor(executor, runner.warm_up, settings.max_batch_size)
     batcher = Batcher(
         run_batch, executor,
         max_batch_rows=settings.max_batch_size,

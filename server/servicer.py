@@ -78,7 +78,10 @@ class PredictionServicer:
         self._signature_defs: dict[str, Any] = {}
         self._model_failures = metrics.MODEL_FAILURES.labels(model_name)
         self._seconds = {m: metrics.REQUEST_SECONDS.labels(model_name, m) for m in ("Predict", "GetModelMetadata")}
-        self._requests: dict[tuple[str, grpc.StatusCode], Any] = {}
+        methods = ("Predict", "GetModelMetadata")
+        self._requests: dict[tuple[str, grpc.StatusCode], Any] = {
+            (m, grpc.StatusCode.OK): metrics.REQUESTS.labels(model_name, m, "OK") for m in methods
+        }
         self.accepted = 0
         self.answered = 0
         self._refusing = False

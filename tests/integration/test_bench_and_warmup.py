@@ -62,6 +62,13 @@ def test_no_trace_after_serving_and_fast_first_request(model_dirs: dict[str, Pat
             health = health_pb2_grpc.HealthStub(channel)
             stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
             serving = health_pb2.HealthCheckResponse.SERVING
+            # While the model loads, one Predict is refused: it pays the client's and gRPC's
+            # first-call costs, so the timed call below measures the server's first model request.
+            try:
+                stub.Predict(one_row, timeout=10)
+                raise AssertionError("the server answered before loading")
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
             deadline = time.monotonic() + 120
             while health.Check(health_pb2.HealthCheckRequest(), timeout=5).status != serving:
                 assert time.monotonic() < deadline
