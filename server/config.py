@@ -57,6 +57,11 @@ class Settings:
     tls_key_file: str | None
     tls_client_ca_file: str | None
     """PEM CA bundle; when set, clients must present a certificate signed by it (mutual TLS)."""
+    grpc_max_connection_age_ms: int
+    """Close each client connection (GOAWAY) after about this long, so clients reconnect and spread
+    over pods added since; 0 (the default) keeps connections for as long as clients like."""
+    grpc_max_connection_age_grace_ms: int
+    """After that GOAWAY, how long calls already on the old connection may take to finish."""
 
     @property
     def tls_mode(self) -> str:
@@ -147,6 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-key-file", default=None, help="PEM private key of --tls-cert-file")
     p.add_argument("--tls-client-ca-file", default=None,
                    help="PEM CA bundle; clients must present a certificate it signed (mutual TLS)")
+    p.add_argument("--grpc-max-connection-age-ms", type=_non_negative_int, default=0,
+                   help="close client connections after about this long so clients re-balance over pods "
+                        "(default 0: never)")
+    p.add_argument("--grpc-max-connection-age-grace-ms", type=_non_negative_int, default=10_000,
+                   help="time calls on a closing connection get to finish (default 10000)")
     return p
 
 

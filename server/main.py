@@ -88,10 +88,16 @@ def _server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
 
 
 def _grpc_options(settings: Settings) -> list[tuple[str, int]]:
-    return [
+    options = [
         ("grpc.max_receive_message_length", settings.max_message_bytes),
         ("grpc.max_send_message_length", settings.max_message_bytes),
     ]
+    if settings.grpc_max_connection_age_ms:
+        options += [
+            ("grpc.max_connection_age_ms", settings.grpc_max_connection_age_ms),
+            ("grpc.max_connection_age_grace_ms", settings.grpc_max_connection_age_grace_ms),
+        ]
+    return options
 
 
 async def serve(settings: Settings) -> None:
@@ -150,6 +156,7 @@ async def serve(settings: Settings) -> None:
         observer=metrics.BatcherMetrics(info.name),
     )
     batcher.start()
+    metrics.QUEUE_ROWS_LIMIT.labels(info.name).set(settings.max_queued_rows)
     servicer.ready(Predictor(info, batcher), loaded.model.signature_defs)
     if not stop.is_set():
         await health.set_serving(True)
