@@ -41,6 +41,10 @@ REPLICA_ROWS = Counter(
     "mirrorserve_replica_rows_total", "Rows executed by each replica.", ["model", "replica"],
 )
 QUEUE_ROWS = Gauge("mirrorserve_queue_rows", "Rows waiting for a batch.", ["model"])
+QUEUE_ROWS_LIMIT = Gauge(
+    "mirrorserve_queue_rows_limit",
+    "The bound on queued rows (--max-queued-rows); queue_rows / this is how full the queue is.", ["model"],
+)
 QUEUE_REQUESTS = Gauge("mirrorserve_queue_requests", "Requests with rows waiting for a batch.", ["model"])
 BATCHES_IN_FLIGHT = Gauge("mirrorserve_batches_in_flight", "Batches executing now.", ["model"])
 MODEL_READY = Gauge(
