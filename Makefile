@@ -10,7 +10,7 @@ OFFICIAL_STAMP := $(OFFICIAL)/.installed
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test bench soak lint typecheck protos protos-check clean prometheus
+.PHONY: serve test bench soak lint typecheck protos protos-check clean prometheus image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,13 @@ bench: $(STAMP)
 soak: $(STAMP)
 	SOAK_REQUESTS=$${SOAK_REQUESTS:-400000} OVERLOAD_SECONDS=$${OVERLOAD_SECONDS:-120} \
 	  $(PY) -m pytest -q -s -m slow tests/integration $(PYTEST_ARGS)
+
+# The container image (deploy/Dockerfile); VARIANT=gpu for TensorFlow with CUDA. Needs docker or podman.
+VARIANT ?= cpu
+ENGINE ?= $(shell command -v docker || command -v podman)
+image:
+	@test -n "$(ENGINE)" || { echo "make image needs docker or podman"; exit 1; }
+	$(ENGINE) build -f deploy/Dockerfile --build-arg VARIANT=$(VARIANT) -t mirrorserve:$(VARIANT) .
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
