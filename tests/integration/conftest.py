@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -83,25 +82,6 @@ def start_server(args: list[str], log_path: Path, env: dict[str, str] | None = N
         time.sleep(0.1)
     process.kill()
     raise RuntimeError(f"server did not start:\n{log_path.read_text(errors='replace')[-4000:]}")
-
-
-@pytest.fixture(scope="session")
-def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Base paths (BASE/<version>/) of every model the tests serve."""
-    from server.demo_model import build_demo_model
-    from tests.integration.saved_models import build_echo, build_multi, build_slow
-
-    root = tmp_path_factory.mktemp("models")
-    build_demo_model(root / "demo" / "1")
-    build_echo(root / "echo" / "1")
-    build_multi(root / "multi" / "1")
-    build_slow(root / "slow" / "1")
-    # Several versions: the highest numeric one (3) must be served; junk folders are ignored.
-    shutil.copytree(root / "echo" / "1", root / "versioned" / "1")
-    shutil.copytree(root / "echo" / "1", root / "versioned" / "3")
-    (root / "versioned" / "10-not-a-version").mkdir()
-    (root / "versioned" / "7").mkdir()  # no saved_model.pb: not a version
-    return {p.name: p for p in root.iterdir()}
 
 
 @pytest.fixture(scope="module")

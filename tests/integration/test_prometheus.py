@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -13,12 +14,14 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 from client import AsyncPredictClient
-from tests.integration.conftest import ServerProcess, start_server
+from tests.integration.conftest import ROOT, ServerProcess, start_server
 
 REQUESTS = 400
 CONCURRENCY = 32
@@ -43,6 +46,14 @@ class Prometheus:
         result = body["data"]["result"]
         return float(result[0]["value"][1]) if result else None
 
+    def series(self, expr: str) -> list[dict[str, Any]]:
+        """Every series of an instant query (a malformed query fails the request)."""
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = json.load(response)
+        assert body["status"] == "success", body
+        return list(body["data"]["result"])
+
     def wait_for(self, expr: str, want: float, timeout: float = 30) -> float | None:
         deadline = time.monotonic() + timeout
         value = None
@@ -54,16 +65,18 @@ class Prometheus:
         return value
 
 
-@pytest.fixture
-def demo_server(model_dirs: dict[str, Path], tmp_path: Path) -> Iterator[ServerProcess]:
+@pytest.fixture(scope="module")
+def demo_server(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     server = start_server(["--model-base-path", str(model_dirs["demo"]), "--model-name", "demo",
-                           "--replicas", "2", "--batch-timeout-ms", "5"], tmp_path / "server.log")
+                           "--replicas", "2", "--batch-timeout-ms", "5"],
+                          tmp_path_factory.mktemp("server") / "server.log")
     yield server
     server.stop()
 
 
-@pytest.fixture
-def prometheus(demo_server: ServerProcess, tmp_path: Path) -> Iterator[Prometheus]:
+@pytest.fixture(scope="module")
+def prometheus(demo_server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    tmp_path = tmp_path_factory.mktemp("prometheus")
     binary = shutil.which("prometheus")
     if binary is None:
         pytest.fail("prometheus is not installed; `make test` installs Debian's package")
@@ -139,3 +152,47 @@ def test_prometheus_reads_back_what_was_sent(demo_server: ServerProcess, prometh
     assert multi_row is not None and multi_row > 0, "no batch larger than one row under concurrent load"
     assert mean_rows is not None and mean_rows > 1
     assert traces == 1.0
+
+
+DASHBOARD = ROOT / "deploy" / "grafana" / "mirrorserve.json"
+ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
+ADAPTER_RULES = ROOT / "deploy" / "k8s" / "prometheus-adapter" / "rules.yaml"
+METRIC = re.compile(r"\bmirrorserve_[a-z_]+")
+MAY_BE_EMPTY = {"Error ratio (server-side codes)"}
+"""Panels whose query has no series while nothing fails (a ratio over no errors)."""
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    panels = [*panels, *(inner for p in panels for inner in p.get("panels", []))]
+    return [(p["title"], t["expr"]) for p in panels for t in p.get("targets", [])]
+
+
+def test_dashboard_alert_and_autoscaler_queries_run_on_live_metrics(
+        demo_server: ServerProcess, prometheus: Prometheus) -> None:
+    """Every query of the Grafana dashboard, the alert rules and the prometheus-adapter rule names
+    only metrics the server exports, and runs on a real Prometheus scraping it; the dashboard's and
+    the adapter's return data."""
+    asyncio.run(send(demo_server.target))
+    exported = {line.split("{")[0].split(" ")[0] for line in demo_server.metrics_text().splitlines()
+                if line.startswith("mirrorserve_")}
+    queries = dashboard_queries()
+    assert len(queries) >= 10
+    alert_exprs = [rule["expr"] for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
+    (adapter,) = yaml.safe_load(ADAPTER_RULES.read_text())["rules"]
+    adapter_expr = (adapter["metricsQuery"].replace("<<.LabelMatchers>>", 'job="mirrorserve"')
+                    .replace("<<.GroupBy>>", "instance"))
+    for expr in [e for _, e in queries] + alert_exprs + [adapter_expr, adapter["seriesQuery"]]:
+        names = set(METRIC.findall(expr))
+        assert names and names <= exported, f"{expr!r} names metrics the server does not export: {names - exported}"
+
+    for title, expr in [*queries, ("prometheus-adapter rule", adapter_expr)]:
+        local = expr.replace("$__rate_interval", "30s").replace("$namespace", ".*")
+        deadline = time.monotonic() + 30
+        result = prometheus.series(local)
+        while not result and title not in MAY_BE_EMPTY and time.monotonic() < deadline:
+            time.sleep(1)
+            result = prometheus.series(local)
+        assert result or title in MAY_BE_EMPTY, f"{title}: {local!r} returned nothing"
+    for expr in alert_exprs:
+        prometheus.series(expr)  # parses and runs (no alert is expected to hold here)
