@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import signal
 import time
@@ -155,6 +156,11 @@ async def serve(settings: Settings) -> None:
         max_inflight=settings.max_inflight_batches,
         observer=metrics.BatcherMetrics(info.name),
     )
+    # Loading TensorFlow and the model leaves ~270k Python objects; one full garbage collection over
+    # them stalls the event loop for ~160 ms here. Collect once now and freeze the survivors out of
+    # every later collection, so no request pays for that pause.
+    gc.collect()
+    gc.freeze()
     batcher.start()
     metrics.QUEUE_ROWS_LIMIT.labels(info.name).set(settings.max_queued_rows)
     servicer.ready(Predictor(info, batcher), loaded.model.signature_defs)
