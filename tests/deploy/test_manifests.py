@@ -4,7 +4,6 @@ the autoscaler's custom metric, the GPU count."""
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,17 @@ import pytest
 import yaml
 
 from server.config import ENV_PREFIX, build_parser, parse_settings
-from tests.deploy.conftest import DEPLOY, OVERLAYS, container, env_value, final_stage, kustomize, one, render
+from tests.deploy.conftest import (
+    DEPLOY,
+    OVERLAYS,
+    container,
+    env_value,
+    final_stage,
+    image_env,
+    kustomize,
+    one,
+    render,
+)
 
 KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())
 """The newest release kubernetes-validate ships schemas for, and an older one still in use."""
@@ -62,8 +71,7 @@ def test_every_environment_variable_is_a_server_flag(rendered: tuple[str, list[d
     flags = {ENV_PREFIX + a.dest.upper() for a in build_parser()._actions if a.dest != "help"}
     names = {var["name"] for var in main["env"]}
     assert names <= flags, names - flags
-    image = {name for instruction, args in final_stage() if instruction == "ENV"
-             for name in (pair.partition("=")[0] for pair in args.split()) if name.startswith(ENV_PREFIX)}
+    image = {name for name in image_env() if name.startswith(ENV_PREFIX)}
     assert image <= flags | {ENV_PREFIX + "CACHE_DIR"}, image - flags
     plain = {var["name"]: var["value"] for var in main["env"] if "value" in var}
     settings = parse_settings([], environ=plain)  # exits on a bad value
@@ -144,9 +152,11 @@ def test_gpu_overlay_runs_one_replica_per_gpu() -> None:
     cpu_main = container(render("cpu"))
     assert "nvidia.com/gpu" not in cpu_main["resources"]["limits"]
     assert cpu_main["image"].endswith(":cpu")
-    # The thread pools follow the CPU limit, rounded up to whole cores.
-    cpu_limit = main["resources"]["limits"]["cpu"]
-    assert math.ceil(float(cpu_limit)) >= 1
+    # In both, TensorFlow's thread pools follow the pod's CPU limit.
+    for each in (main, cpu_main):
+        threads = {v["name"]: v["valueFrom"]["resourceFieldRef"] for v in each["env"] if "valueFrom" in v}
+        assert threads == {name: {"containerName": each["name"], "resource": "limits.cpu"}
+                           for name in ("MIRRORSERVE_INTRA_OP_THREADS", "MIRRORSERVE_INTER_OP_THREADS")}
 
 
 def test_servicemonitor_component_selects_the_metrics_port(tmp_path: Path) -> None:
