@@ -59,25 +59,24 @@ def hammer(target: str) -> tuple[int, list[grpc.StatusCode], int]:
     return answers, failures, ready
 
 
-def test_connections_are_recycled_without_failures(model_dirs: dict[str, Path], tmp_path: Path) -> None:
-    aged = start_server(["--model-base-path", str(model_dirs["demo"]), "--model-name", "demo",
-                         "--grpc-max-connection-age-ms", "1000", "--grpc-max-connection-age-grace-ms", "2000"],
-                        tmp_path / "aged.log")
+def hammer_server(demo: Path, log_path: Path, *flags: str) -> tuple[int, list[grpc.StatusCode], int]:
+    server = start_server(["--model-base-path", str(demo), "--model-name", "demo", *flags], log_path)
     try:
-        answers, failures, ready = hammer(aged.target)
+        return hammer(server.target)
     finally:
-        aged.stop()
+        server.stop()
+
+
+def test_connections_are_recycled_without_failures(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    answers, failures, ready = hammer_server(
+        model_dirs["demo"], tmp_path / "aged.log",
+        "--grpc-max-connection-age-ms", "1000", "--grpc-max-connection-age-grace-ms", "2000")
     print(f"max connection age 1 s: {answers} answers, {len(failures)} failures, channel READY {ready} times")
     assert failures == []
     assert answers > 100
     assert ready >= 3, "the connection should have been closed and re-established about every second"
 
-    plain = start_server(["--model-base-path", str(model_dirs["demo"]), "--model-name", "demo"],
-                         tmp_path / "plain.log")
-    try:
-        answers, failures, ready = hammer(plain.target)
-    finally:
-        plain.stop()
+    answers, failures, ready = hammer_server(model_dirs["demo"], tmp_path / "plain.log")
     print(f"no max connection age: {answers} answers, channel READY {ready} times")
     assert failures == [] and answers > 100
     assert ready == 1, "without the flag one connection serves the whole run"
