@@ -15,11 +15,11 @@ from tests.deploy.conftest import DEPLOY
 PROMETHEUS = DEPLOY / "prometheus"
 
 
-def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+def promtool(*args: str, cwd: Path = PROMETHEUS) -> subprocess.CompletedProcess[str]:
     binary = shutil.which("promtool")
     if binary is None:
         pytest.fail("promtool is not installed; `make test` installs Debian's prometheus package")
-    return subprocess.run([binary, *args], cwd=PROMETHEUS, capture_output=True, text=True, check=False)
+    return subprocess.run([binary, *args], cwd=cwd, capture_output=True, text=True, check=False)
 
 
 POD_META = ("__meta_kubernetes_namespace", "__meta_kubernetes_pod_name", "__meta_kubernetes_pod_ip",
@@ -43,10 +43,7 @@ def test_scrape_config_checks(tmp_path: Path) -> None:
                     assert label.startswith(POD_META), f"{label} is not set on role: pod targets"
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
         shutil.copy(PROMETHEUS / "alerts.yml", tmp_path / "alerts.yml")
-        binary = shutil.which("promtool")
-        assert binary is not None
-        done = subprocess.run([binary, "check", "config", "prometheus.yml"], cwd=tmp_path, capture_output=True,
-                              text=True, check=False)
+        done = promtool("check", "config", "prometheus.yml", cwd=tmp_path)
         output = done.stdout + done.stderr
     assert done.returncode == 0, output
     assert "SUCCESS: 1 rule files found" in output, output
@@ -71,9 +68,6 @@ def test_rule_tests_can_fail(tmp_path: Path) -> None:
     assert raised != (PROMETHEUS / "alerts.yml").read_text()
     (tmp_path / "alerts.yml").write_text(raised)
     shutil.copy(PROMETHEUS / "alerts_test.yml", tmp_path / "alerts_test.yml")
-    binary = shutil.which("promtool")
-    assert binary is not None
-    done = subprocess.run([binary, "test", "rules", "alerts_test.yml"], cwd=tmp_path, capture_output=True,
-                          text=True, check=False)
+    done = promtool("test", "rules", "alerts_test.yml", cwd=tmp_path)
     assert done.returncode != 0
     assert "MirrorservePredictLatencyHigh" in done.stdout + done.stderr

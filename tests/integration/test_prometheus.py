@@ -39,11 +39,7 @@ class Prometheus:
 
     def query(self, expr: str) -> float | None:
         """The single value of an instant query, or None when the result is empty."""
-        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        with urllib.request.urlopen(url, timeout=10) as response:
-            body = json.load(response)
-        assert body["status"] == "success", body
-        result = body["data"]["result"]
+        result = self.series(expr)
         return float(result[0]["value"][1]) if result else None
 
     def series(self, expr: str) -> list[dict[str, Any]]:
