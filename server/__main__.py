@@ -8,4 +8,5 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from server.main import main
 
-sys.exit(main())
+if __name__ == "__main__":  # the model worker, spawned by multiprocessing, must not run main again
+    sys.exit(main())

@@ -23,8 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Mapping
-from concurrent.futures import Executor
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -33,8 +32,9 @@ import numpy as np
 from server.assembly import Tensors, check_rows, concat_rows, split_rows
 from server.errors import DeadlineExceeded, Overloaded, Unavailable
 
-RunBatch = Callable[[Hashable, Tensors], Tensors]
-"""Blocking model call for one batch; runs on the executor, never on the event loop."""
+RunBatch = Callable[[Hashable, Tensors], Awaitable[tuple[Tensors, float]]]
+"""Runs one batch somewhere other than the event loop (the model worker process; a thread in the
+unit tests) and returns its outputs, rows in order, and the seconds the model spent on it."""
 
 
 class BatchObserver(Protocol):
@@ -134,7 +134,6 @@ class Batcher:
     def __init__(
         self,
         run_batch: RunBatch,
-        executor: Executor,
         *,
         max_batch_rows: int,
         timeout_s: float,
@@ -146,7 +145,6 @@ class Batcher:
         if max_batch_rows < 1 or max_queued_rows < 1 or max_inflight < 1 or timeout_s < 0:
             raise ValueError("batcher limits must be positive")
         self._run_batch = run_batch
-        self._executor = executor
         self._max_batch_rows = max_batch_rows
         self._timeout_s = timeout_s
         self._max_queued_rows = max_queued_rows
@@ -336,11 +334,6 @@ class Batcher:
             del self._key_rows[key]
         return slices
 
-    def _timed_run(self, key: Hashable, batch: Tensors) -> tuple[Tensors, float]:
-        started = self._clock()
-        outputs = self._run_batch(key, batch)
-        return outputs, self._clock() - started
-
     async def _execute(self, key: Hashable, slices: list[_Slice]) -> None:
         try:
             now = self._clock()
@@ -375,8 +368,7 @@ class Batcher:
         seconds: float | None = None
         try:
             batch = concat_rows([s.inputs() for s in live])
-            loop = asyncio.get_running_loop()
-            outputs, elapsed = await loop.run_in_executor(self._executor, self._timed_run, key, batch)
+            outputs, elapsed = await self._run_batch(key, batch)
             check_rows(outputs, rows, "batch")
             seconds = elapsed
         except Exception as exc:

@@ -1,9 +1,10 @@
 """Composition root and lifecycle.
 
 Start: the gRPC port opens first, with health NOT_SERVING and Predict answering UNAVAILABLE, so
-probes see the truth while TensorFlow loads. Then, on a worker thread: devices (before anything
-initialises the TensorFlow runtime), the model under the strategy's scope, one runner per
-signature, warm-up. Then the batcher, health SERVING, and one start-up line.
+probes see the truth while TensorFlow loads. TensorFlow runs in a child process (server.model_worker:
+devices, the model under the strategy's scope, one runner per signature, warm-up); when it says
+ready, the batcher starts, health turns SERVING, and one start-up line is logged. If the worker
+dies, the server drains and exits 1, so the orchestrator restarts both.
 
 Stop (SIGTERM or SIGINT), in the order of architecture.md, example 9: health NOT_SERVING while
 still accepting for --drain-delay-s; then refuse new RPCs and finish every accepted one (queued
@@ -18,61 +19,23 @@ import gc
 import logging
 import signal
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from collections.abc import Hashable, Sequence
 
 import grpc
 from prometheus_client import start_http_server
+from tensorflow.core.protobuf import meta_graph_pb2
 
 from server import logs, metrics
-from server.assembly import Tensors
+from server.assembly import Tensors, replica_bounds
 from server.batcher import Batcher
 from server.config import Settings, parse_settings
 from server.health import Health, add_health_and_reflection
+from server.model_process import ModelProcess
 from server.prediction import Predictor
 from server.servicer import PredictionServicer, add_to_server
 from server.signatures import BatchKey
 
-if TYPE_CHECKING:  # these import TensorFlow; at run time they load on the loader thread
-    from server.model import LoadedModel
-    from server.replicas import SignatureRunner
-
 log = logging.getLogger("server")
-
-
-@dataclasses.dataclass
-class Loaded:
-    """What the loader thread hands back to the event loop."""
-
-    model: LoadedModel
-    devices: list[str]
-    runners: dict[str, SignatureRunner]
-
-
-def load_model(settings: Settings) -> Loaded:
-    """Everything that touches TensorFlow at start-up; blocking, so it runs off the event loop."""
-    from server import demo_model, model, replicas
-
-    replicas.configure_threads(settings.intra_op_threads, settings.inter_op_threads)
-    devices = replicas.configure_devices(settings.replicas)
-    base_path = settings.model_base_path or str(demo_model.ensure_demo_model())
-    strategy = replicas.make_strategy(devices)
-    loaded = model.load(base_path, settings.model_name, strategy)
-    info = loaded.info
-    for name, problem in info.unservable.items():
-        log.warning("signature '%s' will not be served: %s", name, problem)
-    replica_rows = [metrics.REPLICA_ROWS.labels(info.name, str(i)) for i in range(len(devices))]
-    runners = {
-        name: replicas.SignatureRunner(
-            strategy, loaded.functions[name], signature,
-            on_trace=metrics.TRACES.labels(info.name, name).inc,
-            on_replica_rows=lambda replica, rows: replica_rows[replica].inc(rows),
-        )
-        for name, signature in info.signatures.items()
-        if name not in info.unservable
-    }
-    return Loaded(loaded, devices, runners)
 
 
 def _server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
@@ -101,7 +64,7 @@ def _grpc_options(settings: Settings) -> list[tuple[str, int]]:
     return options
 
 
-async def serve(settings: Settings) -> None:
+async def serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     stop_requested_at: list[float] = []
@@ -134,22 +97,47 @@ async def serve(settings: Settings) -> None:
     log.info("listening grpc_port=%d metrics_port=%d tls=%s; loading model (health NOT_SERVING)",
              port, metrics_port, settings.tls_mode)
 
-    loaded = await loop.run_in_executor(None, load_model, settings)
-    info = loaded.model.info
+    exit_code = 0
+    traces_seen: dict[str, int] = {}
+
+    def count_traces(traces: dict[str, int]) -> None:
+        for name, total in traces.items():
+            if total > traces_seen.get(name, 0):
+                metrics.TRACES.labels(settings.model_name, name).inc(total - traces_seen.get(name, 0))
+                traces_seen[name] = total
+
+    def worker_lost(why: str) -> None:
+        nonlocal exit_code
+        exit_code = 1
+        log.error("stopping: the model worker process is gone (%s)", why)
+        if not stop_requested_at:
+            stop_requested_at.append(time.monotonic())
+        stop.set()
+
+    worker = ModelProcess(settings, on_traces=count_traces, on_lost=worker_lost)
+    try:
+        ready = await worker.start()
+    except BaseException:
+        worker.close()
+        await server.stop(0)
+        raise
+    info = ready.info
+    count_traces(ready.traces)
+    signature_defs = {k: meta_graph_pb2.SignatureDef.FromString(v) for k, v in ready.signature_defs.items()}
+    served = sorted(set(info.signatures) - set(info.unservable))
     ready_gauge = metrics.MODEL_READY.labels(info.name, str(info.version))
+    replica_rows = [metrics.REPLICA_ROWS.labels(info.name, str(i)) for i in range(len(ready.devices))]
 
-    def run_batch(key: object, batch: Tensors) -> Tensors:
+    async def run_batch(key: Hashable, batch: Tensors) -> tuple[Tensors, float]:
         assert isinstance(key, BatchKey)
-        return loaded.runners[key.signature](batch)
+        answer = await worker.run(key.signature, batch)
+        rows = next(iter(batch.values())).shape[0]
+        for counter, (lo, hi) in zip(replica_rows, replica_bounds(rows, len(replica_rows)), strict=True):
+            counter.inc(hi - lo)
+        return answer
 
-    executor = ThreadPoolExecutor(max_workers=settings.max_inflight_batches, thread_name_prefix="model")
-    # Warm up on the threads that will run batches: TensorFlow and oneDNN set up per-thread state
-    # on a thread's first call, which would otherwise land on the first real request.
-    for _ in range(settings.max_inflight_batches):
-        for runner in loaded.runners.values():
-            await loop.run_in_executor(executor, runner.warm_up, settings.max_batch_size)
     batcher = Batcher(
-        run_batch, executor,
+        run_batch,
         max_batch_rows=settings.max_batch_size,
         timeout_s=settings.batch_timeout_s,
         max_queued_rows=settings.max_queued_rows,
@@ -163,7 +151,7 @@ async def serve(settings: Settings) -> None:
     gc.freeze()
     batcher.start()
     metrics.QUEUE_ROWS_LIMIT.labels(info.name).set(settings.max_queued_rows)
-    servicer.ready(Predictor(info, batcher), loaded.model.signature_defs)
+    servicer.ready(Predictor(info, batcher), signature_defs)
     if not stop.is_set():
         await health.set_serving(True)
         ready_gauge.set(1)
@@ -171,8 +159,8 @@ async def serve(settings: Settings) -> None:
     log.info(
         "serving model=%s version=%d signatures=%s path=%s grpc_port=%d metrics_port=%d replicas=%d "
         "devices=%s max_batch_size=%d batch_timeout_ms=%g max_queued_rows=%d tls=%s | settings: %s",
-        info.name, info.version, ",".join(sorted(loaded.runners)), loaded.model.path, port, metrics_port,
-        len(loaded.devices), ",".join(loaded.devices), settings.max_batch_size, settings.batch_timeout_ms,
+        info.name, info.version, ",".join(served), ready.path, port, metrics_port,
+        len(ready.devices), ",".join(ready.devices), settings.max_batch_size, settings.batch_timeout_ms,
         settings.max_queued_rows, settings.tls_mode, effective,
     )
 
@@ -191,18 +179,18 @@ async def serve(settings: Settings) -> None:
         await asyncio.sleep(0.005)
     await server.stop(grace=max(deadline - time.monotonic(), 0.1))
     await batcher.drain()
-    executor.shutdown(wait=True)
+    worker.close()
     lost = servicer.accepted - servicer.answered
     log.log(logging.WARNING if lost else logging.INFO,
             "drained: accepted=%d answered=%d", servicer.accepted, servicer.answered)
+    return exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
     logs.configure(settings.log_format, settings.log_level)
     try:
-        asyncio.run(serve(settings))
+        return asyncio.run(serve(settings))
     except (FileNotFoundError, ValueError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return 2
-    return 0

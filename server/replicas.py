@@ -71,11 +71,9 @@ class SignatureRunner:
         signature: Signature,
         *,
         on_trace: Callable[[], None] = lambda: None,
-        on_replica_rows: Callable[[int, int], None] = lambda replica, rows: None,
     ) -> None:
         self.signature = signature
         self.replicas = int(strategy.num_replicas_in_sync)
-        self._on_replica_rows = on_replica_rows
         specs = {
             name: tf.TensorSpec([None, *spec.shape[1:]], tf.as_dtype(dtype_enum(spec.dtype)), name=name)
             for name, spec in signature.inputs.items()
@@ -111,7 +109,6 @@ class SignatureRunner:
             arrays = {name: tensor.numpy() for name, tensor in result.items()}
             check_rows(arrays, hi - lo, f"replica {replica}")
             outputs.append(arrays)
-            self._on_replica_rows(replica, hi - lo)
         return concat_rows(outputs)
 
     def warm_up(self, max_rows: int) -> None:

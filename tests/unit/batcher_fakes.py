@@ -7,12 +7,14 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Coroutine, Hashable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
 
+from server.batcher import RunBatch
 from server.errors import Overloaded
 
 Tensors = dict[str, np.ndarray]
@@ -42,6 +44,20 @@ def fail_on_negative(key: Hashable, batch: Tensors) -> Tensors:
     if (x < 0).any():
         raise Poisoned(f"batch of {x.shape[0]} rows")
     return double(key, batch)
+
+
+def on_thread(model: Callable[[Hashable, Tensors], Tensors], executor: Executor) -> RunBatch:
+    """The batcher's RunBatch for a blocking fake model: run it on the executor and time it there."""
+
+    def timed(key: Hashable, batch: Tensors) -> tuple[Tensors, float]:
+        started = time.monotonic()
+        outputs = model(key, batch)
+        return outputs, time.monotonic() - started
+
+    async def run(key: Hashable, batch: Tensors) -> tuple[Tensors, float]:
+        return await asyncio.get_running_loop().run_in_executor(executor, timed, key, batch)
+
+    return run
 
 
 class FakeModel:

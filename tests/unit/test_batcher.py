@@ -21,6 +21,7 @@ from batcher_fakes import (
     assert_answer,
     double,
     fail_on_negative,
+    on_thread,
     refused,
     request,
     until,
@@ -36,7 +37,7 @@ def start(model: FakeModel, executor: ThreadPoolExecutor, **limits: Any) -> Batc
     """A started Batcher; call inside the running loop."""
     settings: dict[str, Any] = {"max_batch_rows": 64, "timeout_s": 0.01, "max_queued_rows": 1000}
     settings.update(limits)
-    batcher = Batcher(model, executor, **settings)
+    batcher = Batcher(on_thread(model, executor), **settings)
     batcher.start()
     return batcher
 
@@ -404,7 +405,7 @@ def test_drain_waits_for_the_running_batch(model: FakeModel, executor: ThreadPoo
 
 def test_submit_before_start_is_unavailable(model: FakeModel, executor: ThreadPoolExecutor) -> None:
     async def main() -> None:
-        b = Batcher(model, executor, max_batch_rows=4, timeout_s=0.0, max_queued_rows=4)
+        b = Batcher(on_thread(model, executor), max_batch_rows=4, timeout_s=0.0, max_queued_rows=4)
         with pytest.raises(Unavailable, match="not started"):
             await submit(b, request(0, 1))
 
@@ -426,7 +427,7 @@ def test_invalid_limits(limits: dict[str, Any], model: FakeModel, executor: Thre
     settings: dict[str, Any] = {"max_batch_rows": 4, "timeout_s": 0.0, "max_queued_rows": 4}
     settings.update(limits)
     with pytest.raises(ValueError, match="positive"):
-        Batcher(model, executor, **settings)
+        Batcher(on_thread(model, executor), **settings)
 
 
 def test_full_batch_of_another_key_does_not_wait_behind_an_older_key(
@@ -461,7 +462,8 @@ def test_answer_timings_and_observer(model: FakeModel, executor: ThreadPoolExecu
     observer = RecordingObserver()
 
     async def main() -> None:
-        b = Batcher(model, executor, max_batch_rows=4, timeout_s=0.03, max_queued_rows=100, observer=observer)
+        b = Batcher(on_thread(model, executor), max_batch_rows=4, timeout_s=0.03, max_queued_rows=100,
+                    observer=observer)
         b.start()
         one = await b.submit("k", request(0, 1), 1)
         split = await b.submit("k", request(10, 10), 10)  # 4 + 4 + 2 rows: three batches
@@ -489,7 +491,7 @@ def test_failed_batch_reports_no_duration(model: FakeModel, executor: ThreadPool
     observer = RecordingObserver()
 
     async def main() -> None:
-        b = Batcher(model, executor, max_batch_rows=4, timeout_s=0.0, max_queued_rows=100, observer=observer)
+        b = Batcher(on_thread(model, executor), max_batch_rows=4, timeout_s=0.0, max_queued_rows=100, observer=observer)
         b.start()
         with pytest.raises(RuntimeError, match="boom"):
             await b.submit("k", request(0, 2), 2)

@@ -22,6 +22,7 @@ from batcher_fakes import (
     Tensors,
     assert_answer,
     fail_on_negative,
+    on_thread,
     refused,
     request,
     until,
@@ -37,7 +38,7 @@ def start(model: FakeModel, executor: ThreadPoolExecutor, observer: RecordingObs
     """A started Batcher; call inside the running loop."""
     settings: dict[str, Any] = {"max_batch_rows": 64, "timeout_s": 0.01, "max_queued_rows": 1000}
     settings.update(limits)
-    batcher = Batcher(model, executor, observer=observer, **settings)
+    batcher = Batcher(on_thread(model, executor), observer=observer, **settings)
     batcher.start()
     return batcher
 

@@ -1,0 +1,119 @@
+"""What the server process and its model worker process say to each other. Pure: no TensorFlow.
+
+Messages are pickled over one Unix socket pair. Batch inputs do not travel in the messages: the
+server writes them into a shared-memory slot (an anonymous memfd, mapped on both sides, so no
+/dev/shm size limit applies) and sends only where each array lies. A slot is handed to the worker
+once (NewSlot, followed on the socket by its file descriptor) and reused until a bigger batch
+needs a bigger one. Outputs come back pickled; they are usually far smaller than the inputs.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from server.signatures import ModelInfo
+
+ALIGN = 64
+"""Byte alignment of every array placed in a slot."""
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The worker loaded the model and warmed up every batch size."""
+
+    info: ModelInfo
+    signature_defs: dict[str, bytes]
+    """Serialized SignatureDef protos, as GetModelMetadata returns them."""
+    path: str
+    devices: list[str]
+    traces: dict[str, int]
+
+
+@dataclass(frozen=True)
+class LoadFailed:
+    kind: str
+    """The exception's class name: FileNotFoundError, ValueError or OSError map to a clean exit."""
+    message: str
+
+
+@dataclass(frozen=True)
+class NewSlot:
+    """Slot `index` is now the memfd sent right after this message, `size` bytes long."""
+
+    index: int
+    size: int
+
+
+@dataclass(frozen=True)
+class SlotArray:
+    """An array in a slot: dtype string (numpy's `dtype.str`), shape, byte offset."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+
+
+@dataclass(frozen=True)
+class Run:
+    seq: int
+    signature: str
+    slot: int
+    inputs: dict[str, SlotArray | np.ndarray]
+    """In the slot, or inline (string tensors, which have no fixed-size layout)."""
+
+
+@dataclass(frozen=True)
+class Done:
+    seq: int
+    outputs: dict[str, np.ndarray]
+    seconds: float
+    """Time spent in the model for this batch."""
+    traces: dict[str, int]
+    """tf.function traces per signature so far (the server turns them into a counter)."""
+
+
+@dataclass(frozen=True)
+class Failed:
+    seq: int
+    message: str
+
+
+def slot_bytes(batch: Mapping[str, np.ndarray]) -> int:
+    """Bytes a slot needs for the batch's fixed-size arrays, each aligned."""
+    return sum(_aligned(a.nbytes) for a in batch.values() if a.dtype != object)
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def write_batch(buffer: mmap.mmap, batch: Mapping[str, np.ndarray]) -> dict[str, SlotArray | np.ndarray]:
+    """Copy the batch's fixed-size arrays into the slot; describe where each landed."""
+    placed: dict[str, SlotArray | np.ndarray] = {}
+    offset = 0
+    for name, array in batch.items():
+        if array.dtype == object:
+            placed[name] = array
+            continue
+        view = np.ndarray(array.shape, array.dtype, buffer=buffer, offset=offset)
+        view[...] = array
+        placed[name] = SlotArray(array.dtype.str, tuple(array.shape), offset)
+        offset += _aligned(array.nbytes)
+    return placed
+
+
+def read_batch(buffer: mmap.mmap | None, placed: Mapping[str, SlotArray | np.ndarray]) -> dict[str, np.ndarray]:
+    """The arrays a Run describes, as views of the slot (no copy)."""
+    batch = {}
+    for name, where in placed.items():
+        if isinstance(where, np.ndarray):
+            batch[name] = where
+        elif buffer is None:
+            raise ValueError(f"input '{name}' lies in a slot the worker was never given")
+        else:
+            batch[name] = np.ndarray(where.shape, np.dtype(where.dtype), buffer=buffer, offset=where.offset)
+    return batch

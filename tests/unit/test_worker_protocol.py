@@ -1,0 +1,62 @@
+"""server.worker_protocol: batches through a shared-memory slot, exactly, with no TensorFlow."""
+
+from __future__ import annotations
+
+import mmap
+import pickle
+
+import numpy as np
+import pytest
+
+from server.worker_protocol import ALIGN, Run, SlotArray, read_batch, slot_bytes, write_batch
+
+
+def test_slot_bytes_aligns_every_array_and_skips_strings() -> None:
+    batch = {
+        "a": np.zeros((3, 5), np.float32),  # 60 bytes -> 64
+        "b": np.zeros((3,), np.int64),  # 24 bytes -> 64
+        "s": np.array([b"x", b"yy", b"zzz"], dtype=object),
+    }
+    assert slot_bytes(batch) == 2 * ALIGN
+
+
+def test_round_trip_through_a_slot_is_exact_and_aligned() -> None:
+    rng = np.random.default_rng(0)
+    batch = {
+        "image": rng.standard_normal((4, 3, 3, 2)).astype(np.float32),
+        "ids": rng.integers(-9, 9, (4, 7)).astype(np.int64),
+        "mask": rng.integers(0, 2, (4,)).astype(bool),
+        "half": rng.standard_normal((4, 1)).astype(np.float16),
+    }
+    buffer = mmap.mmap(-1, slot_bytes(batch))
+    placed = write_batch(buffer, batch)
+    assert all(isinstance(p, SlotArray) and p.offset % ALIGN == 0 for p in placed.values())
+    # What the worker receives went through pickle, as over the socket.
+    back = read_batch(buffer, pickle.loads(pickle.dumps(placed)))
+    assert list(back) == list(batch)
+    for name, array in batch.items():
+        assert back[name].dtype == array.dtype
+        np.testing.assert_array_equal(back[name], array)
+
+
+def test_string_tensors_travel_inline() -> None:
+    strings = np.array([[b"a"], [b"\x00bc"]], dtype=object)
+    placed = write_batch(mmap.mmap(-1, ALIGN), {"s": strings, "n": np.arange(2, dtype=np.int32)})
+    assert placed["s"] is strings
+    back = read_batch(None, {"s": strings})  # no slot needed for inline arrays
+    assert back["s"] is strings
+
+
+def test_a_slot_array_without_a_slot_is_an_error_not_garbage() -> None:
+    run = Run(seq=1, signature="serving_default", slot=0, inputs={"x": SlotArray("<f4", (2, 3), 0)})
+    with pytest.raises(ValueError, match="input 'x' lies in a slot the worker was never given"):
+        read_batch(None, run.inputs)
+
+
+def test_views_read_the_slot_without_copying() -> None:
+    buffer = mmap.mmap(-1, ALIGN)
+    placed = write_batch(buffer, {"x": np.arange(4, dtype=np.int32)})
+    view = read_batch(buffer, placed)["x"]
+    np.ndarray((4,), np.int32, buffer=buffer)[0] = 42  # the server reusing the slot...
+    assert view[0] == 42  # ...is seen: so a slot must not be reused before its answer arrives
+    del view
