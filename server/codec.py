@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from tensorflow.core.framework import tensor_pb2, types_pb2
+from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 
 from server.errors import InvalidInput
 
@@ -45,6 +45,8 @@ _TABLE = (
 )
 _BY_ENUM = {d.enum: d for d in _TABLE}
 _BY_NUMPY = {d.numpy.newbyteorder("=") if d.numpy.byteorder != "|" else d.numpy: d for d in _TABLE}
+# Dtypes whose bytes already are the wire format (little-endian numbers): encoded without conversion.
+_WIRE = {d.numpy: d for d in _TABLE if d.enum != types_pb2.DT_STRING}
 # Every field that can carry values: all of TensorProto's but the header, read from the descriptor so
 # fields added by newer TensorFlow versions (float8_val, ...) are refused too, not silently ignored.
 _VALUE_FIELDS = frozenset(f.name for f in tensor_pb2.TensorProto.DESCRIPTOR.fields) - {
@@ -91,6 +93,9 @@ def to_ndarray(proto: tensor_pb2.TensorProto, *, name: str, max_bytes: int) -> n
     `max_bytes` bounds the decoded size, so one value that "fills" a huge declared shape cannot
     make the server allocate more than a message of that size could carry.
     """
+    fast = _from_tensor_content(proto, max_bytes)
+    if fast is not None:
+        return fast
     where = f"input '{name}'"
     try:
         entry = _BY_ENUM[proto.dtype]
@@ -162,6 +167,24 @@ def to_ndarray(proto: tensor_pb2.TensorProto, *, name: str, max_bytes: int) -> n
     return np.full(shape, flat[0], dtype=entry.numpy)
 
 
+def _from_tensor_content(proto: tensor_pb2.TensorProto, max_bytes: int) -> np.ndarray | None:
+    """The common case, checked in a few operations: a numeric dtype, a known shape and exactly
+    dtype, tensor_shape and a tensor_content of the right length set. None sends anything else,
+    well-formed or not, through the full checks (which name what is wrong)."""
+    content = proto.tensor_content
+    entry = _BY_ENUM.get(proto.dtype)
+    if not content or entry is None or entry.enum == types_pb2.DT_STRING or len(proto.ListFields()) != 3:
+        return None
+    if proto.tensor_shape.unknown_rank:
+        return None
+    shape = tuple([d.size for d in proto.tensor_shape.dim])
+    if len(content) > max_bytes or len(shape) > MAX_RANK or min(shape, default=0) < 0:
+        return None
+    if len(content) != math.prod(shape) * entry.numpy.itemsize:
+        return None
+    return np.frombuffer(content, dtype=entry.numpy).reshape(shape)
+
+
 def _string_bytes(value: object) -> bytes:
     if isinstance(value, bytes):
         return value
@@ -179,13 +202,20 @@ def to_tensor_proto(array: np.ndarray) -> tensor_pb2.TensorProto:
 
 def fill_tensor_proto(proto: tensor_pb2.TensorProto, array: np.ndarray) -> None:
     """Encode into an empty TensorProto in place (e.g. a response's map entry: no copy)."""
+    wire = _WIRE.get(array.dtype)
+    if wire is not None:  # the common case: a little-endian number, one C call per field
+        proto.dtype = wire.enum
+        proto.tensor_shape.dim.extend(_dims(array.shape))
+        proto.tensor_content = array.tobytes()  # C order, whatever the layout
+        return
     enum = dtype_enum(array.dtype)
     proto.dtype = enum
-    dims = proto.tensor_shape.dim
-    for size in array.shape:
-        dims.add(size=size)
+    proto.tensor_shape.dim.extend(_dims(array.shape))
     if enum == types_pb2.DT_STRING:
         proto.string_val.extend(_string_bytes(v) for v in array.ravel())
     else:
-        wire = _BY_ENUM[enum].numpy
-        proto.tensor_content = np.ascontiguousarray(array, dtype=wire).tobytes()
+        proto.tensor_content = np.ascontiguousarray(array, dtype=_BY_ENUM[enum].numpy).tobytes()
+
+
+def _dims(shape: tuple[int, ...]) -> list[tensor_shape_pb2.TensorShapeProto.Dim]:
+    return [tensor_shape_pb2.TensorShapeProto.Dim(size=size) for size in shape]

@@ -71,8 +71,12 @@ class BatcherMetrics:
     """The batcher's observer (server.batcher.BatchObserver), with the model label bound once."""
 
     def __init__(self, model: str) -> None:
-        self._queue_rows = QUEUE_ROWS.labels(model)
-        self._queue_requests = QUEUE_REQUESTS.labels(model)
+        # The queue gauges are read when scraped rather than set on every change: the batcher
+        # reports a change several times per request, and each set takes a lock.
+        self.queued_rows = 0
+        self.queued_requests = 0
+        QUEUE_ROWS.labels(model).set_function(lambda: self.queued_rows)
+        QUEUE_REQUESTS.labels(model).set_function(lambda: self.queued_requests)
         self._in_flight = BATCHES_IN_FLIGHT.labels(model)
         self._batch_rows = BATCH_ROWS.labels(model)
         self._batch_seconds = BATCH_SECONDS.labels(model)
@@ -80,8 +84,8 @@ class BatcherMetrics:
         self._dropped = {reason: DROPPED.labels(model, reason) for reason in ("deadline", "cancelled")}
 
     def queue_changed(self, rows: int, requests: int) -> None:
-        self._queue_rows.set(rows)
-        self._queue_requests.set(requests)
+        self.queued_rows = rows
+        self.queued_requests = requests
 
     def batch_started(self, rows: int) -> None:
         self._in_flight.inc()

@@ -52,6 +52,8 @@ class Predictor:
     ) -> Answer:
         """Validate, queue for a batch, and return the requested outputs of this request's rows."""
         names = signature.select_outputs(output_filter)
-        rows = signature.validate(inputs)
-        answer = await self._batcher.submit(signature.batch_key(inputs), inputs, rows, deadline=deadline)
+        rows, key = signature.admit(inputs)
+        answer = await self._batcher.submit(key, inputs, rows, deadline=deadline)
+        if len(names) == len(answer.outputs):
+            return answer
         return dataclasses.replace(answer, outputs={n: answer.outputs[n] for n in names})

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from protos.tensorflow_serving import get_model_metadata_pb2, predict_pb2, prediction_service_pb2
+from protos.tensorflow_serving import get_model_metadata_pb2, model_pb2, predict_pb2, prediction_service_pb2
 from server import codec, metrics
 from server.errors import (
     DeadlineExceeded,
@@ -76,6 +76,7 @@ class PredictionServicer:
         self._max_tensor_bytes = max_tensor_bytes
         self._predictor: Predictor | None = None
         self._signature_defs: dict[str, Any] = {}
+        self._specs: dict[str, Any] = {}
         self._model_failures = metrics.MODEL_FAILURES.labels(model_name)
         self._seconds = {m: metrics.REQUEST_SECONDS.labels(model_name, m) for m in ("Predict", "GetModelMetadata")}
         methods = ("Predict", "GetModelMetadata")
@@ -95,7 +96,17 @@ class PredictionServicer:
 
     def ready(self, predictor: Predictor, signature_defs: dict[str, Any]) -> None:
         self._signature_defs = signature_defs
+        self._specs = {}
         self._predictor = predictor
+
+    def _model_spec(self, predictor: Predictor, signature: str) -> Any:
+        """The response's ModelSpec for a signature, built once."""
+        spec = self._specs.get(signature)
+        if spec is None:
+            spec = self._specs[signature] = model_pb2.ModelSpec(
+                name=predictor.model.name, signature_name=signature)
+            spec.version.value = predictor.model.version
+        return spec
 
     def _loaded(self) -> Predictor:
         if self._predictor is None:
@@ -121,10 +132,7 @@ class PredictionServicer:
                     for name, tensor in request.inputs.items()
                 }
                 answer = await predictor.predict(signature, inputs, request.output_filter, deadline)
-                response = predict_pb2.PredictResponse()
-                response.model_spec.name = predictor.model.name
-                response.model_spec.version.value = predictor.model.version
-                response.model_spec.signature_name = signature.name
+                response = predict_pb2.PredictResponse(model_spec=self._model_spec(predictor, signature.name))
                 for name, array in answer.outputs.items():
                     codec.fill_tensor_proto(response.outputs[name], array)
             except Exception as exc:  # every failure leaves through the status table
