@@ -29,7 +29,11 @@ class Settings:
     """Row budget of one model execution (all replicas together)."""
     batch_timeout_ms: float
     """Longest wait for more rows once the first row of a batch is queued. 0 (the default): a batch
-    goes as soon as an execution slot is free, and rows accumulate only while the model is busy."""
+    goes as soon as an execution slot is free while requests arrive one at a time, and rows
+    accumulate while the model is busy; once requests arrive together, see max_auto_wait_ms."""
+    max_auto_wait_ms: float
+    """With batch_timeout_ms 0: the longest a batch waits for more rows once batches carry several
+    rows on average (4 average batch times, at least 1 ms). 0 turns the wait off."""
     max_inflight_batches: int
     """Batches executing at once; while they run, the next batch keeps filling."""
     intra_op_threads: int
@@ -72,6 +76,10 @@ class Settings:
     @property
     def batch_timeout_s(self) -> float:
         return self.batch_timeout_ms / 1000.0
+
+    @property
+    def max_auto_wait_s(self) -> float:
+        return self.max_auto_wait_ms / 1000.0
 
 
 def _positive_int(text: str) -> int:
@@ -126,7 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rows per model execution, across all replicas (default 64)")
     p.add_argument("--batch-timeout-ms", type=_non_negative_float, default=0.0,
                    help="longest wait for more rows after the first is queued; 0 (default) sends a batch as "
-                        "soon as the model is free, rows accumulating only while it is busy")
+                        "soon as the model is free while requests come one at a time, rows accumulating "
+                        "while it is busy (see --max-auto-wait-ms)")
+    p.add_argument("--max-auto-wait-ms", type=_non_negative_float, default=3.0,
+                   help="with --batch-timeout-ms 0, once requests arrive together, the longest a batch waits "
+                        "for more (4 average batch times, at least 1 ms; default 3; 0 = never wait)")
     p.add_argument("--max-inflight-batches", type=_positive_int, default=1,
                    help="batches executing at once (default 1)")
     p.add_argument("--intra-op-threads", type=_non_negative_int, default=0,

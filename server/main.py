@@ -140,6 +140,7 @@ async def serve(settings: Settings) -> int:
         run_batch,
         max_batch_rows=settings.max_batch_size,
         timeout_s=settings.batch_timeout_s,
+        max_auto_wait_s=settings.max_auto_wait_s,
         max_queued_rows=settings.max_queued_rows,
         max_inflight=settings.max_inflight_batches,
         observer=metrics.BatcherMetrics(info.name),

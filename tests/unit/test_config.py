@@ -45,20 +45,22 @@ def test_explicit_model_name_wins() -> None:
 def test_all_flags() -> None:
     s = parse(
         "--model-base-path", "/m/a", "--model-name", "n", "--port", "0", "--replicas", "4",
-        "--max-batch-size", "8", "--batch-timeout-ms", "0.5", "--max-queued-rows", "100",
+        "--max-batch-size", "8", "--batch-timeout-ms", "0.5", "--max-auto-wait-ms", "2.5", "--max-queued-rows", "100",
         "--metrics-port", "-1", "--max-message-bytes", "1024", "--drain-delay-s", "0.5",
         "--grace-period-s", "9", "--log-format", "json", "--log-level", "DEBUG",
         "--grpc-max-connection-age-ms", "60000", "--grpc-max-connection-age-grace-ms", "5000",
     )
     assert s == Settings(
         model_base_path="/m/a", model_name="n", port=0, replicas=4, max_batch_size=8,
-        batch_timeout_ms=0.5, max_queued_rows=100, metrics_port=-1, max_message_bytes=1024,
+        batch_timeout_ms=0.5, max_auto_wait_ms=2.5, max_queued_rows=100, metrics_port=-1, max_message_bytes=1024,
         drain_delay_s=0.5, grace_period_s=9.0, log_format="json", log_level="DEBUG",
         max_concurrent_rpcs=1024, tls_cert_file=None, tls_key_file=None, tls_client_ca_file=None,
         grpc_max_connection_age_ms=60_000, grpc_max_connection_age_grace_ms=5_000,
         max_inflight_batches=1, intra_op_threads=0, inter_op_threads=0,
     )
     assert s.batch_timeout_s == pytest.approx(0.0005)
+    assert s.max_auto_wait_s == pytest.approx(0.0025)
+    assert parse().max_auto_wait_ms == 3.0
     assert parse("--batch-timeout-ms", "0").batch_timeout_ms == 0.0
 
 

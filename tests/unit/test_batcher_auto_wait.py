@@ -1,0 +1,129 @@
+"""The batcher's auto wait (timeout 0): at once while requests come one at a time; a bounded wait
+once batches show that they come together; back to at once when they stop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from batcher_fakes import FakeModel, on_thread, request, until
+
+from server import batcher as batcher_module
+from server.batcher import Batcher
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def start(model: FakeModel, executor: ThreadPoolExecutor, **limits: Any) -> Batcher:
+    settings: dict[str, Any] = {"max_batch_rows": 64, "timeout_s": 0.0, "max_queued_rows": 1000,
+                                "max_auto_wait_s": 0.15}
+    settings.update(limits)
+    b = Batcher(on_thread(model, executor), **settings)
+    b.start()
+    return b
+
+
+async def lone(b: Batcher, model: FakeModel, first: int) -> float:
+    """Submit one 1-row request with nothing else queued; seconds until the model saw it."""
+    t0 = time.monotonic()
+    await b.submit("k", request(first, 1), 1)
+    return model.calls[-1].at - t0
+
+
+async def crowd(b: Batcher, model: FakeModel, first: int, rows: int = 6) -> None:
+    """One request runs while `rows` more queue behind it: the next batch carries `rows` rows."""
+    model.gate.clear()
+    head = asyncio.create_task(b.submit("k", request(first, 1), 1))
+    await until(lambda: model.calls and int(model.calls[-1].x[0, 0]) == first)
+    rest = [asyncio.create_task(b.submit("k", request(first + 1 + i, 1), 1)) for i in range(rows)]
+    await asyncio.sleep(0.01)
+    model.gate.set()
+    await asyncio.gather(head, *rest)
+
+
+def test_lone_requests_never_wait(model: FakeModel, executor: ThreadPoolExecutor,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batcher_module, "AUTO_WAIT_MIN_S", 0.1)
+
+    async def main() -> None:
+        b = start(model, executor)
+        waits = [await lone(b, model, i * 10) for i in range(5)]
+        assert max(waits) < 0.05, waits
+        await b.drain()
+
+    asyncio.run(main())
+
+
+def test_after_crowded_batches_a_batch_waits_within_the_bounds(
+    model: FakeModel, executor: ThreadPoolExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(batcher_module, "AUTO_WAIT_MIN_S", 0.1)
+
+    async def main() -> None:
+        b = start(model, executor, max_auto_wait_s=0.15)
+        await crowd(b, model, 100)  # batches of 1 then 6 rows: average 2.0
+        waited = await lone(b, model, 200)
+        assert 0.099 <= waited < 0.5, waited  # AUTO_WAIT_MIN_S, the fake model being instant
+        await b.drain()
+
+    asyncio.run(main())
+
+
+def test_the_wait_is_capped_by_max_auto_wait(model: FakeModel, executor: ThreadPoolExecutor,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batcher_module, "AUTO_WAIT_MIN_S", 5.0)
+
+    async def main() -> None:
+        b = start(model, executor, max_auto_wait_s=0.1)
+        await crowd(b, model, 100)
+        waited = await lone(b, model, 200)
+        assert 0.099 <= waited < 0.5, waited
+        await b.drain()
+
+    asyncio.run(main())
+
+
+def test_a_full_batch_goes_without_the_wait(model: FakeModel, executor: ThreadPoolExecutor,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batcher_module, "AUTO_WAIT_MIN_S", 5.0)
+
+    async def main() -> None:
+        b = start(model, executor, max_batch_rows=4, max_auto_wait_s=5.0)
+        await crowd(b, model, 100, rows=3)
+        t0 = time.monotonic()
+        await b.submit("k", request(200, 4), 4)
+        assert model.calls[-1].at - t0 < 0.05
+        await b.drain()
+
+    asyncio.run(main())
+
+
+def test_zero_max_auto_wait_turns_it_off(model: FakeModel, executor: ThreadPoolExecutor,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batcher_module, "AUTO_WAIT_MIN_S", 1.0)
+
+    async def main() -> None:
+        b = start(model, executor, max_auto_wait_s=0.0)
+        await crowd(b, model, 100)
+        assert await lone(b, model, 200) < 0.05
+        await b.drain()
+
+    asyncio.run(main())
+
+
+def test_back_to_lone_traffic_it_stops_waiting(model: FakeModel, executor: ThreadPoolExecutor,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batcher_module, "AUTO_WAIT_MIN_S", 0.02)
+
+    async def main() -> None:
+        b = start(model, executor, max_auto_wait_s=0.02)
+        await crowd(b, model, 100)
+        waits = [await lone(b, model, 200 + 10 * i) for i in range(8)]
+        assert waits[0] >= 0.019, waits  # still averaging over the crowded batch
+        assert waits[-1] < 0.015, waits  # the average fell under 1.5 rows: at once again
+        await b.drain()
+
+    asyncio.run(main())
