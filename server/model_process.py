@@ -92,7 +92,10 @@ class ModelProcess:
         seq = next(self._seq)
         future: asyncio.Future[tuple[Tensors, float]] = asyncio.get_running_loop().create_future()
         self._pending[seq] = (future, slot)
-        self._conn.send(Run(seq, signature, slot, placed))  # type: ignore[arg-type]
+        try:
+            self._conn.send(Run(seq, signature, slot, placed))  # type: ignore[arg-type]
+        except OSError as exc:  # the worker is gone; its socket's EOF may not have been read yet
+            self._lose(type(exc).__name__)
         return await future
 
     def _grow(self, slot: int, need: int) -> None:
@@ -117,8 +120,9 @@ class ModelProcess:
             while self._conn.poll():
                 self._answer(self._conn.recv())
         except (EOFError, OSError) as exc:
-            code = self._process.exitcode if self._process is not None else None
-            self._lose(f"exit code {code}" if code is not None else f"{type(exc).__name__}")
+            self._process.join(1.0)  # it is gone or going: reap it for its exit code
+            code = self._process.exitcode
+            self._lose(f"exit code {code}" if code is not None else type(exc).__name__)
 
     def _answer(self, message: object) -> None:
         if not isinstance(message, Done | Failed):

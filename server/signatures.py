@@ -55,7 +55,7 @@ class Signature:
 
     def admit(self, inputs: Mapping[str, np.ndarray]) -> tuple[int, BatchKey]:
         """validate() and batch_key() in one; a layout seen before only has its rows checked."""
-        layout = tuple((n, a.dtype, a.shape[1:]) for n, a in inputs.items())
+        layout = tuple((n, a.dtype, a.ndim, a.shape[1:]) for n, a in inputs.items())
         key = self._layouts.get(layout)
         if key is None:
             rows = self.validate(inputs)

@@ -263,3 +263,31 @@ def test_batch_key_differs_across_signatures() -> None:
     one = make_signature()
     other = Signature("other", one.inputs, one.outputs)
     assert one.batch_key(good_inputs()) != other.batch_key(good_inputs())
+
+
+# admit(): validate() and batch_key() with a cache of accepted layouts; the cache must never let
+# through what validate() refuses.
+
+
+def test_admit_matches_validate_and_batch_key() -> None:
+    sig = make_signature()
+    for rows in (2, 5, 2):  # the second 2 is served from the cache
+        inputs = good_inputs(rows)
+        assert sig.admit(inputs) == (sig.validate(inputs), sig.batch_key(inputs))
+
+
+def test_admit_refuses_after_a_good_layout_was_cached() -> None:
+    sig = make_signature()
+    sig.admit(good_inputs(3))
+    bad_rows = {**good_inputs(3), "ids": np.arange(2, dtype=np.int64)}
+    with pytest.raises(InvalidInput, match="inputs disagree on the number of rows"):
+        sig.admit(bad_rows)
+    with pytest.raises(InvalidInput, match="zero rows"):
+        sig.admit(good_inputs(0))
+
+
+def test_admit_refuses_a_scalar_where_a_vector_layout_was_cached() -> None:
+    sig = Signature("s", {"s": TensorSpec(STR, (None,))}, {"n": TensorSpec(I64, (None,))})
+    sig.admit({"s": np.array([b"a", b"bc"], dtype=object)})
+    with pytest.raises(InvalidInput, match="input 's' must have shape"):
+        sig.admit({"s": np.array(b"", dtype=object)})  # rank 0: same trailing dims, other rank
