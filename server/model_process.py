@@ -19,16 +19,14 @@ from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any
 
-import numpy as np
-
 from server import model_worker
+from server.assembly import Tensors
 from server.config import Settings
 from server.errors import ModelFailure, Unavailable
 from server.worker_protocol import Done, Failed, LoadFailed, NewSlot, Ready, Run, slot_bytes, write_batch
 
 log = logging.getLogger("server.model_process")
 
-Tensors = dict[str, np.ndarray]
 MIN_SLOT_BYTES = 1 << 20
 CLEAN_EXIT = {"FileNotFoundError": FileNotFoundError, "ValueError": ValueError, "OSError": OSError}
 
@@ -67,7 +65,7 @@ class ModelProcess:
         loop = asyncio.get_running_loop()
         try:
             first = await loop.run_in_executor(None, conn.recv)
-        except EOFError:
+        except (EOFError, OSError):
             await loop.run_in_executor(None, self._process.join, 5)
             raise RuntimeError(f"the model worker exited while loading (exit code {self._process.exitcode})") from None
         if isinstance(first, LoadFailed):

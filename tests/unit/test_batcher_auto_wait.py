@@ -57,28 +57,16 @@ def test_lone_requests_never_wait(model: FakeModel, executor: ThreadPoolExecutor
     asyncio.run(main())
 
 
+@pytest.mark.parametrize(("floor_s", "cap_s"), [(0.1, 0.15), (5.0, 0.1)], ids=["floor", "cap"])
 def test_after_crowded_batches_a_batch_waits_within_the_bounds(
-    model: FakeModel, executor: ThreadPoolExecutor, monkeypatch: pytest.MonkeyPatch
+    model: FakeModel, executor: ThreadPoolExecutor, monkeypatch: pytest.MonkeyPatch, floor_s: float, cap_s: float
 ) -> None:
-    monkeypatch.setattr(batcher_module, "AUTO_WAIT_MIN_S", 0.1)
+    """The fake model is instant, so the wait is the floor (AUTO_WAIT_MIN_S) unless the cap is lower."""
+    monkeypatch.setattr(batcher_module, "AUTO_WAIT_MIN_S", floor_s)
 
     async def main() -> None:
-        b = start(model, executor, max_auto_wait_s=0.15)
+        b = start(model, executor, max_auto_wait_s=cap_s)
         await crowd(b, model, 100)  # batches of 1 then 6 rows: average 2.0
-        waited = await lone(b, model, 200)
-        assert 0.099 <= waited < 0.5, waited  # AUTO_WAIT_MIN_S, the fake model being instant
-        await b.drain()
-
-    asyncio.run(main())
-
-
-def test_the_wait_is_capped_by_max_auto_wait(model: FakeModel, executor: ThreadPoolExecutor,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(batcher_module, "AUTO_WAIT_MIN_S", 5.0)
-
-    async def main() -> None:
-        b = start(model, executor, max_auto_wait_s=0.1)
-        await crowd(b, model, 100)
         waited = await lone(b, model, 200)
         assert 0.099 <= waited < 0.5, waited
         await b.drain()
