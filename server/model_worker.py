@@ -6,8 +6,8 @@ event loop and gRPC's poller thread then wait for. Measured on the 2-core machin
 thread calling the MLP in a loop took 28-40% of a fixed-response grpc.aio server's throughput; the
 same loop in a separate process took 14-21% (what its CPU use costs, and no more). Here the server
 process keeps gRPC, parsing and batching; this process loads the model, warms up every batch size,
-and then runs batches one after another as they arrive, so a batch sent while another runs starts
-the moment it ends.
+and then runs batches as they arrive: one after another by default, so a batch sent while another
+runs starts the moment it ends, or up to --max-inflight-batches at once.
 
 It ignores SIGINT and SIGTERM (the server drains on them and still needs the model) and exits when
 the server's end of the socket closes, which also happens if the server dies.
@@ -20,7 +20,9 @@ import gc
 import logging
 import mmap
 import os
+import queue
 import signal
+import threading
 import time
 from collections import Counter
 from multiprocessing import reduction
@@ -49,11 +51,13 @@ def run(conn: Connection, settings: Settings) -> None:
         log.debug("loading failed", exc_info=True)
         conn.send(LoadFailed(type(exc).__name__, str(exc)))
         return
-    traces = ready.traces
+    slots: dict[int, mmap.mmap] = {}
+    batches = _Batches(conn, runners, ready.traces, slots, settings.max_inflight_batches,
+                       settings.max_batch_size)
     gc.collect()
     gc.freeze()  # as in the server: no full collection over TensorFlow's objects mid-batch
     conn.send(ready)
-    _serve(conn, runners, traces)
+    _serve(conn, slots, batches)
 
 
 def _load(settings: Settings) -> tuple[Ready, dict[str, SignatureRunner]]:
@@ -89,8 +93,50 @@ def _load(settings: Settings) -> tuple[Ready, dict[str, SignatureRunner]]:
     return ready, runners
 
 
-def _serve(conn: Connection, runners: dict[str, SignatureRunner], traces: dict[str, int]) -> None:
-    slots: dict[int, mmap.mmap] = {}
+class _Batches:
+    """Runs batches and sends their answers. With one batch in flight (the default), inline on the
+    thread reading the socket. With --max-inflight-batches N > 1, on N threads, each warmed up
+    before the worker says ready (TensorFlow sets up per-thread state on a thread's first call), so
+    batches the server sends together run together: on a CPU, TensorFlow's thread pool leaves
+    cores idle while one call waits for its slowest shard, and a second call fills them."""
+
+    def __init__(self, conn: Connection, runners: dict[str, SignatureRunner], traces: dict[str, int],
+                 slots: dict[int, mmap.mmap], threads: int, max_rows: int) -> None:
+        self._conn = conn
+        self._runners = runners
+        self._traces = traces
+        self._slots = slots
+        self._send_lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[Run] | None = None
+        if threads > 1:
+            self._jobs = queue.SimpleQueue()
+            warmed = threading.Barrier(threads + 1)
+            for i in range(threads):
+                threading.Thread(target=self._work, args=(warmed, max_rows), name=f"batches-{i}",
+                                 daemon=True).start()
+            warmed.wait()
+
+    def submit(self, message: Run) -> None:
+        if self._jobs is None:
+            self._answer(message)
+        else:
+            self._jobs.put(message)
+
+    def _work(self, warmed: threading.Barrier, max_rows: int) -> None:
+        for runner in self._runners.values():
+            runner.warm_up(max_rows)
+        warmed.wait()
+        assert self._jobs is not None
+        while True:
+            self._answer(self._jobs.get())
+
+    def _answer(self, message: Run) -> None:
+        result = _run(message, self._slots.get(message.slot), self._runners, self._traces)
+        with self._send_lock:
+            self._conn.send(result)
+
+
+def _serve(conn: Connection, slots: dict[int, mmap.mmap], batches: _Batches) -> None:
     while True:
         try:
             message = conn.recv()
@@ -104,7 +150,7 @@ def _serve(conn: Connection, runners: dict[str, SignatureRunner], traces: dict[s
             if old is not None:
                 _close(old)
         elif isinstance(message, Run):
-            conn.send(_run(message, slots.get(message.slot), runners, traces))
+            batches.submit(message)
         else:
             log.error("unexpected message from the server: %r", type(message).__name__)
 

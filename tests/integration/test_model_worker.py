@@ -73,9 +73,11 @@ def test_a_dead_worker_stops_the_server_with_exit_code_1(model_dirs: dict[str, P
 def test_the_worker_exits_when_the_server_is_killed(model_dirs: dict[str, Path], tmp_path: Path) -> None:
     server = start_server(["--model-base-path", str(model_dirs["demo"]), "--model-name", "demo"],
                           tmp_path / "server.log")
-    worker = worker_of(server.process.pid)
-    server.process.kill()
-    server.process.wait()
+    try:
+        worker = worker_of(server.process.pid)
+    finally:
+        server.process.kill()
+        server.process.wait()
     assert wait_until(lambda: not alive(worker)), "the model worker outlived a SIGKILLed server"
 
 
