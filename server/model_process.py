@@ -86,12 +86,12 @@ class ModelProcess:
         need = slot_bytes(batch)
         if need > len(self._maps.get(slot, b"")):
             self._grow(slot, need)
-        placed = write_batch(self._maps[slot], batch) if slot in self._maps else dict(batch)
+        placed = write_batch(self._maps.get(slot), batch)
         seq = next(self._seq)
         future: asyncio.Future[tuple[Tensors, float]] = asyncio.get_running_loop().create_future()
         self._pending[seq] = (future, slot)
         try:
-            self._conn.send(Run(seq, signature, slot, placed))  # type: ignore[arg-type]
+            self._conn.send(Run(seq, signature, slot, placed))
         except OSError as exc:  # the worker is gone; its socket's EOF may not have been read yet
             self._lose(type(exc).__name__)
         return await future

@@ -81,8 +81,6 @@ def _load(settings: Settings) -> tuple[Ready, dict[str, SignatureRunner]]:
         for name, signature in info.signatures.items()
         if name not in info.unservable
     }
-    for runner in runners.values():
-        runner.warm_up(settings.max_batch_size)
     ready = Ready(
         info=info,
         signature_defs={k: d.SerializeToString() for k, d in loaded.signature_defs.items()},
@@ -95,10 +93,11 @@ def _load(settings: Settings) -> tuple[Ready, dict[str, SignatureRunner]]:
 
 class _Batches:
     """Runs batches and sends their answers. With one batch in flight (the default), inline on the
-    thread reading the socket. With --max-inflight-batches N > 1, on N threads, each warmed up
-    before the worker says ready (TensorFlow sets up per-thread state on a thread's first call), so
-    batches the server sends together run together: on a CPU, TensorFlow's thread pool leaves
-    cores idle while one call waits for its slowest shard, and a second call fills them."""
+    thread reading the socket. With --max-inflight-batches N > 1, on N threads, so batches the
+    server sends together run together: on a CPU, TensorFlow's thread pool leaves cores idle while
+    one call waits for its slowest shard, and a second call fills them. Every thread that will run
+    batches is warmed up (every batch size of every signature) before the worker says ready, as
+    TensorFlow sets up per-thread state on a thread's first call."""
 
     def __init__(self, conn: Connection, runners: dict[str, SignatureRunner], traces: dict[str, int],
                  slots: dict[int, mmap.mmap], threads: int, max_rows: int) -> None:
@@ -108,7 +107,9 @@ class _Batches:
         self._slots = slots
         self._send_lock = threading.Lock()
         self._jobs: queue.SimpleQueue[Run] | None = None
-        if threads > 1:
+        if threads == 1:
+            self._warm_up(max_rows)
+        else:
             self._jobs = queue.SimpleQueue()
             warmed = threading.Barrier(threads + 1)
             for i in range(threads):
@@ -122,18 +123,33 @@ class _Batches:
         else:
             self._jobs.put(message)
 
-    def _work(self, warmed: threading.Barrier, max_rows: int) -> None:
+    def _warm_up(self, max_rows: int) -> None:
         for runner in self._runners.values():
             runner.warm_up(max_rows)
+
+    def _work(self, warmed: threading.Barrier, max_rows: int) -> None:
+        self._warm_up(max_rows)
         warmed.wait()
         assert self._jobs is not None
         while True:
             self._answer(self._jobs.get())
 
     def _answer(self, message: Run) -> None:
-        result = _run(message, self._slots.get(message.slot), self._runners, self._traces)
+        result = self._run(message)
         with self._send_lock:
             self._conn.send(result)
+
+    def _run(self, message: Run) -> Done | Failed:
+        started = time.perf_counter()
+        try:
+            batch = read_batch(self._slots.get(message.slot), message.inputs)
+            outputs = self._runners[message.signature](batch)
+        except ModelFailure as exc:
+            return Failed(message.seq, str(exc))
+        except Exception as exc:  # a bug here must fail the batch, not the worker
+            log.error("batch of signature '%s' failed", message.signature, exc_info=True)
+            return Failed(message.seq, f"{type(exc).__name__}: {exc}")
+        return Done(message.seq, outputs, time.perf_counter() - started, dict(self._traces))
 
 
 def _serve(conn: Connection, slots: dict[int, mmap.mmap], batches: _Batches) -> None:
@@ -153,20 +169,6 @@ def _serve(conn: Connection, slots: dict[int, mmap.mmap], batches: _Batches) -> 
             batches.submit(message)
         else:
             log.error("unexpected message from the server: %r", type(message).__name__)
-
-
-def _run(message: Run, slot: mmap.mmap | None, runners: dict[str, SignatureRunner],
-         traces: dict[str, int]) -> Done | Failed:
-    started = time.perf_counter()
-    try:
-        batch = read_batch(slot, message.inputs)
-        outputs = runners[message.signature](batch)
-    except ModelFailure as exc:
-        return Failed(message.seq, str(exc))
-    except Exception as exc:  # a bug here must fail the batch, not the worker
-        log.error("batch of signature '%s' failed", message.signature, exc_info=True)
-        return Failed(message.seq, f"{type(exc).__name__}: {exc}")
-    return Done(message.seq, outputs, time.perf_counter() - started, dict(traces))
 
 
 def _close(buffer: mmap.mmap) -> None:

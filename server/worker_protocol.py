@@ -91,14 +91,17 @@ def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def write_batch(buffer: mmap.mmap, batch: Mapping[str, np.ndarray]) -> dict[str, SlotArray | np.ndarray]:
-    """Copy the batch's fixed-size arrays into the slot; describe where each landed."""
+def write_batch(buffer: mmap.mmap | None, batch: Mapping[str, np.ndarray]) -> dict[str, SlotArray | np.ndarray]:
+    """Copy the batch's fixed-size arrays into the slot; describe where each landed. A batch of
+    strings only (slot_bytes 0) needs no slot."""
     placed: dict[str, SlotArray | np.ndarray] = {}
     offset = 0
     for name, array in batch.items():
         if array.dtype == object:
             placed[name] = array
             continue
+        if buffer is None:
+            raise ValueError(f"input '{name}' needs a slot and none was given")
         view = np.ndarray(array.shape, array.dtype, buffer=buffer, offset=offset)
         view[...] = array
         placed[name] = SlotArray(array.dtype.str, tuple(array.shape), offset)

@@ -60,3 +60,11 @@ def test_views_read_the_slot_without_copying() -> None:
     np.ndarray((4,), np.int32, buffer=buffer)[0] = 42  # the server reusing the slot...
     assert view[0] == 42  # ...is seen: so a slot must not be reused before its answer arrives
     del view
+
+
+def test_a_strings_only_batch_needs_no_slot_and_numbers_do() -> None:
+    strings = np.array([b"a", b"b"], dtype=object)
+    assert slot_bytes({"s": strings}) == 0
+    assert write_batch(None, {"s": strings}) == {"s": strings}
+    with pytest.raises(ValueError, match="input 'n' needs a slot and none was given"):
+        write_batch(None, {"s": strings, "n": np.arange(2, dtype=np.int32)})
