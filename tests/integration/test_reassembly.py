@@ -67,3 +67,18 @@ def test_highest_version_is_served(server_for) -> None:
         assert response.model_spec.version.value == 3
         assert response.model_spec.signature_name == "serving_default"
         assert client.predict("versioned", {"x": tagged_rows(1, 1)}, version=3)["y"].tolist() == [[1, 0]]
+
+
+def test_batches_running_at_once_in_the_worker_keep_every_request_whole(server_for) -> None:
+    """--max-inflight-batches 3: batches run concurrently on the worker's threads (each warmed up
+    before SERVING), with the default auto wait instead of a fixed timeout."""
+    server = server_for("echo", "--replicas", "2", "--max-batch-size", "5", "--max-inflight-batches", "3")
+    rng = np.random.default_rng(3)
+    sizes = [int(n) for n in rng.integers(1, 5, 120)] + [6, 13, 1, 15]
+    rng.shuffle(sizes)
+    results = asyncio.run(send_all(server.target, sizes))
+    for request_id, (n, outputs) in enumerate(zip(sizes, results, strict=True)):
+        np.testing.assert_array_equal(outputs["y"], tagged_rows(request_id, n))
+    assert server.metric("mirrorserve_batch_rows_count", model="echo") > 1
+    # Warming up three threads traced nothing beyond the one start-up trace, nor did the load.
+    assert server.metric("mirrorserve_tf_function_traces_total", model="echo", signature="serving_default") == 1
