@@ -2,7 +2,9 @@
 
 It does what any Python gRPC server must (accept the call, hand it to the event loop, send a
 response) and nothing else: no parsing, no model. Nothing a real server does can be faster.
-usage: python -m bench.fixed_server PORT_FILE RESPONSE_FILE
+It runs on the same event loop as this server's default (uvloop), which is also the faster one:
+the ceiling must be the best a Python gRPC server can do. A third argument picks another loop.
+usage: python -m bench.fixed_server PORT_FILE RESPONSE_FILE [uvloop|asyncio]
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+
+from server import event_loop
 
 
 async def serve(port_file: Path, response: bytes) -> None:
@@ -34,4 +38,5 @@ async def serve(port_file: Path, response: bytes) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(serve(Path(sys.argv[1]), Path(sys.argv[2]).read_bytes()))
+    loop = sys.argv[3] if len(sys.argv) > 3 else "uvloop"
+    event_loop.run(serve(Path(sys.argv[1]), Path(sys.argv[2]).read_bytes()), loop)

@@ -25,7 +25,7 @@ import grpc
 from prometheus_client import start_http_server
 from tensorflow.core.protobuf import meta_graph_pb2
 
-from server import logs, metrics
+from server import event_loop, logs, metrics
 from server.assembly import Tensors, replica_bounds
 from server.batcher import Batcher
 from server.config import Settings, parse_settings
@@ -191,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
     logs.configure(settings.log_format, settings.log_level)
     try:
-        return asyncio.run(serve(settings))
+        return event_loop.run(serve(settings), settings.event_loop)
     except (FileNotFoundError, ValueError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return 2

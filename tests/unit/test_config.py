@@ -49,6 +49,7 @@ def test_all_flags() -> None:
         "--metrics-port", "-1", "--max-message-bytes", "1024", "--drain-delay-s", "0.5",
         "--grace-period-s", "9", "--log-format", "json", "--log-level", "DEBUG",
         "--grpc-max-connection-age-ms", "60000", "--grpc-max-connection-age-grace-ms", "5000",
+        "--max-inflight-batches", "1", "--event-loop", "asyncio",
     )
     assert s == Settings(
         model_base_path="/m/a", model_name="n", port=0, replicas=4, max_batch_size=8,
@@ -56,7 +57,7 @@ def test_all_flags() -> None:
         drain_delay_s=0.5, grace_period_s=9.0, log_format="json", log_level="DEBUG",
         max_concurrent_rpcs=1024, tls_cert_file=None, tls_key_file=None, tls_client_ca_file=None,
         grpc_max_connection_age_ms=60_000, grpc_max_connection_age_grace_ms=5_000,
-        max_inflight_batches=1, intra_op_threads=0, inter_op_threads=0,
+        max_inflight_batches=1, intra_op_threads=0, inter_op_threads=0, event_loop="asyncio",
     )
     assert s.batch_timeout_s == pytest.approx(0.0005)
     assert s.max_auto_wait_s == pytest.approx(0.0025)
@@ -196,3 +197,14 @@ def test_performance_settings() -> None:
     for bad in (["--max-inflight-batches", "0"], ["--intra-op-threads", "-1"]):
         with pytest.raises(SystemExit):
             parse(*bad)
+
+
+def test_defaults_run_two_batches_at_once_on_uvloop() -> None:
+    s = parse()
+    assert (s.max_inflight_batches, s.event_loop) == (2, "uvloop")
+
+
+def test_unknown_event_loop_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse("--event-loop", "trio")
+    assert "--event-loop" in capsys.readouterr().err
