@@ -114,9 +114,10 @@ class ModelProcess:
 
     def _on_readable(self) -> None:
         assert self._conn is not None
+        # One message per call: the socket is level-triggered, so the loop calls again while more
+        # are waiting. (Connection.poll() would build a new selector on every call.)
         try:
-            while self._conn.poll():
-                self._answer(self._conn.recv())
+            self._answer(self._conn.recv())
         except (EOFError, OSError) as exc:
             self._process.join(1.0)  # it is gone or going: reap it for its exit code
             code = self._process.exitcode

@@ -23,7 +23,8 @@ def executed_rows(server) -> float:  # type: ignore[no-untyped-def]
 
 
 def test_queued_request_past_its_deadline_is_dropped_before_compute(server_for) -> None:
-    server = server_for("slow", "--max-batch-size", "1", "--batch-timeout-ms", "0")
+    # One batch at a time, so the second request queues behind the slow one.
+    server = server_for("slow", "--max-batch-size", "1", "--batch-timeout-ms", "0", "--max-inflight-batches", "1")
     rows_before = executed_rows(server)
     dropped_before = server.metric("mirrorserve_dropped_requests_total", model="slow")
 
