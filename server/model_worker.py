@@ -6,8 +6,8 @@ event loop and gRPC's poller thread then wait for. Measured on the 2-core machin
 thread calling the MLP in a loop took 28-40% of a fixed-response grpc.aio server's throughput; the
 same loop in a separate process took 14-21% (what its CPU use costs, and no more). Here the server
 process keeps gRPC, parsing and batching; this process loads the model, warms up every batch size,
-and then runs batches as they arrive: one after another by default, so a batch sent while another
-runs starts the moment it ends, or up to --max-inflight-batches at once.
+and then runs batches as they arrive, up to --max-inflight-batches (default 2) at once; with 1, one
+after another, so a batch sent while another runs starts the moment it ends.
 
 It ignores SIGINT and SIGTERM (the server drains on them and still needs the model) and exits when
 the server's end of the socket closes, which also happens if the server dies.
@@ -92,7 +92,7 @@ def _load(settings: Settings) -> tuple[Ready, dict[str, SignatureRunner]]:
 
 
 class _Batches:
-    """Runs batches and sends their answers. With one batch in flight (the default), inline on the
+    """Runs batches and sends their answers. With one batch in flight (--max-inflight-batches 1), inline on the
     thread reading the socket. With --max-inflight-batches N > 1, on N threads, so batches the
     server sends together run together: on a CPU, TensorFlow's thread pool leaves cores idle while
     one call waits for its slowest shard, and a second call fills them. Every thread that will run
