@@ -12,8 +12,9 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from server import event_loop
+
 ENV_PREFIX = "MIRRORSERVE_"
-EVENT_LOOPS = ("uvloop", "asyncio")
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 0: never)")
     p.add_argument("--grpc-max-connection-age-grace-ms", type=_non_negative_int, default=10_000,
                    help="time calls on a closing connection get to finish (default 10000)")
-    p.add_argument("--event-loop", choices=EVENT_LOOPS, default="uvloop",
+    p.add_argument("--event-loop", choices=event_loop.NAMES, default=event_loop.NAMES[0],
                    help="event loop that runs gRPC, batching and metrics: uvloop (default; less CPU per "
                         "request) or asyncio (the standard library's)")
     return p

@@ -13,6 +13,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+NAMES = ("uvloop", "asyncio")
+"""The loops --event-loop accepts; the first is the default."""
 
 
 def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
@@ -23,7 +25,7 @@ def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
         return uvloop.new_event_loop
     if name == "asyncio":
         return asyncio.new_event_loop
-    raise ValueError(f"unknown event loop '{name}'; choose uvloop or asyncio")
+    raise ValueError(f"unknown event loop '{name}'; choose one of {', '.join(NAMES)}")
 
 
 def run(main: Coroutine[Any, Any, T], name: str) -> T:

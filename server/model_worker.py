@@ -92,8 +92,8 @@ def _load(settings: Settings) -> tuple[Ready, dict[str, SignatureRunner]]:
 
 
 class _Batches:
-    """Runs batches and sends their answers. With one batch in flight (--max-inflight-batches 1), inline on the
-    thread reading the socket. With --max-inflight-batches N > 1, on N threads, so batches the
+    """Runs batches and sends their answers. With --max-inflight-batches 1, inline on the thread
+    reading the socket. With --max-inflight-batches N > 1, on N threads, so batches the
     server sends together run together: on a CPU, TensorFlow's thread pool leaves cores idle while
     one call waits for its slowest shard, and a second call fills them. Every thread that will run
     batches is warmed up (every batch size of every signature) before the worker says ready, as
