@@ -43,9 +43,11 @@ AUTO_WAIT_MIN_S = 0.001
 SMOOTHING = 0.2
 """Weight of the newest batch in the moving averages of batch rows and batch time."""
 
-RunBatch = Callable[[Hashable, Tensors], Awaitable[tuple[Tensors, float]]]
-"""Runs one batch somewhere other than the event loop (the model worker process; a thread in the
-unit tests) and returns its outputs, rows in order, and the seconds the model spent on it."""
+RunBatch = Callable[[Hashable, list[Tensors]], Awaitable[tuple[Tensors, float]]]
+"""Runs one batch, given as the requests' parts in row order, somewhere other than the event loop
+(the model worker process; a thread in the unit tests) and returns its outputs, rows in order,
+and the seconds the model spent on it. The parts are not concatenated here: the model worker's
+side writes them straight into shared memory, so a batch's inputs are copied once, not twice."""
 
 
 class BatchObserver(Protocol):
@@ -402,8 +404,7 @@ class Batcher:
         self._observer.batch_started(rows)
         seconds: float | None = None
         try:
-            batch = concat_rows([s.inputs() for s in live])
-            outputs, elapsed = await self._run_batch(key, batch)
+            outputs, elapsed = await self._run_batch(key, [s.inputs() for s in live])
             check_rows(outputs, rows, "batch")
             seconds = elapsed
             self._batch_seconds += SMOOTHING * (elapsed - self._batch_seconds)

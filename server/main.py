@@ -128,10 +128,10 @@ async def serve(settings: Settings) -> int:
     ready_gauge = metrics.MODEL_READY.labels(info.name, str(info.version))
     replica_rows = [metrics.REPLICA_ROWS.labels(info.name, str(i)) for i in range(len(ready.devices))]
 
-    async def run_batch(key: Hashable, batch: Tensors) -> tuple[Tensors, float]:
+    async def run_batch(key: Hashable, parts: Sequence[Tensors]) -> tuple[Tensors, float]:
         assert isinstance(key, BatchKey)
-        answer = await worker.run(key.signature, batch)
-        rows = next(iter(batch.values())).shape[0]
+        answer = await worker.run(key.signature, parts)
+        rows = sum(next(iter(part.values())).shape[0] for part in parts)
         for counter, (lo, hi) in zip(replica_rows, replica_bounds(rows, len(replica_rows)), strict=True):
             counter.inc(hi - lo)
         return answer

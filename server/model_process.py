@@ -14,7 +14,7 @@ import logging
 import mmap
 import multiprocessing
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any
@@ -75,18 +75,19 @@ class ModelProcess:
         self._reading = True
         return first
 
-    async def run(self, signature: str, batch: Tensors) -> tuple[Tensors, float]:
-        """Run one batch in the worker; its outputs and the seconds the model spent."""
+    async def run(self, signature: str, parts: Sequence[Tensors]) -> tuple[Tensors, float]:
+        """Run one batch, the parts' rows in order, in the worker; its outputs and the seconds the
+        model spent."""
         if self._lost is not None or self._conn is None:
             raise Unavailable(f"the model worker is gone ({self._lost or 'not started'}); retry on another replica")
         if self._free:
             slot = self._free.pop()
         else:
             slot, self._slots = self._slots, self._slots + 1
-        need = slot_bytes(batch)
+        need = slot_bytes(parts)
         if need > len(self._maps.get(slot, b"")):
             self._grow(slot, need)
-        placed = write_batch(self._maps.get(slot), batch)
+        placed = write_batch(self._maps.get(slot), parts)
         seq = next(self._seq)
         future: asyncio.Future[tuple[Tensors, float]] = asyncio.get_running_loop().create_future()
         self._pending[seq] = (future, slot)

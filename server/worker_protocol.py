@@ -10,7 +10,7 @@ needs a bigger one. Outputs come back pickled; they are usually far smaller than
 from __future__ import annotations
 
 import mmap
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,30 +82,35 @@ class Failed:
     message: str
 
 
-def slot_bytes(batch: Mapping[str, np.ndarray]) -> int:
-    """Bytes a slot needs for the batch's fixed-size arrays, each aligned."""
-    return sum(_aligned(a.nbytes) for a in batch.values() if a.dtype != object)
+def slot_bytes(parts: Sequence[Mapping[str, np.ndarray]]) -> int:
+    """Bytes a slot needs for the batch the parts make, each fixed-size input aligned."""
+    return sum(_aligned(sum(p[name].nbytes for p in parts)) for name, a in parts[0].items() if a.dtype != object)
 
 
 def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def write_batch(buffer: mmap.mmap | None, batch: Mapping[str, np.ndarray]) -> dict[str, SlotArray | np.ndarray]:
-    """Copy the batch's fixed-size arrays into the slot; describe where each landed. A batch of
-    strings only (slot_bytes 0) needs no slot."""
+def write_batch(
+    buffer: mmap.mmap | None, parts: Sequence[Mapping[str, np.ndarray]]
+) -> dict[str, SlotArray | np.ndarray]:
+    """Concatenate the parts' rows, input by input and in order, straight into the slot (the one
+    copy a batch's inputs take on the server's side); describe where each input landed. String
+    inputs have no fixed-size layout and travel inline; a batch of strings only needs no slot."""
     placed: dict[str, SlotArray | np.ndarray] = {}
     offset = 0
-    for name, array in batch.items():
-        if array.dtype == object:
-            placed[name] = array
+    for name, first in parts[0].items():
+        arrays = [p[name] for p in parts]
+        if first.dtype == object:
+            placed[name] = np.concatenate(arrays, axis=0) if len(arrays) > 1 else first
             continue
         if buffer is None:
             raise ValueError(f"input '{name}' needs a slot and none was given")
-        view = np.ndarray(array.shape, array.dtype, buffer=buffer, offset=offset)
-        view[...] = array
-        placed[name] = SlotArray(array.dtype.str, tuple(array.shape), offset)
-        offset += _aligned(array.nbytes)
+        shape = (sum(a.shape[0] for a in arrays), *first.shape[1:])
+        view = np.ndarray(shape, first.dtype, buffer=buffer, offset=offset)
+        np.concatenate(arrays, axis=0, out=view)
+        placed[name] = SlotArray(first.dtype.str, shape, offset)
+        offset += _aligned(view.nbytes)
     return placed
 
 

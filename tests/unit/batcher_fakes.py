@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from server.assembly import concat_rows
 from server.batcher import RunBatch
 from server.errors import Overloaded
 
@@ -54,8 +55,9 @@ def on_thread(model: Callable[[Hashable, Tensors], Tensors], executor: Executor)
         outputs = model(key, batch)
         return outputs, time.monotonic() - started
 
-    async def run(key: Hashable, batch: Tensors) -> tuple[Tensors, float]:
-        return await asyncio.get_running_loop().run_in_executor(executor, timed, key, batch)
+    async def run(key: Hashable, parts: list[Tensors]) -> tuple[Tensors, float]:
+        # The parts are joined where the batch runs, as the model worker joins them into its slot.
+        return await asyncio.get_running_loop().run_in_executor(executor, timed, key, concat_rows(parts))
 
     return run
 

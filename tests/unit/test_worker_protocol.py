@@ -17,7 +17,7 @@ def test_slot_bytes_aligns_every_array_and_skips_strings() -> None:
         "b": np.zeros((3,), np.int64),  # 24 bytes -> 64
         "s": np.array([b"x", b"yy", b"zzz"], dtype=object),
     }
-    assert slot_bytes(batch) == 2 * ALIGN
+    assert slot_bytes([batch]) == 2 * ALIGN
 
 
 def test_round_trip_through_a_slot_is_exact_and_aligned() -> None:
@@ -28,8 +28,8 @@ def test_round_trip_through_a_slot_is_exact_and_aligned() -> None:
         "mask": rng.integers(0, 2, (4,)).astype(bool),
         "half": rng.standard_normal((4, 1)).astype(np.float16),
     }
-    buffer = mmap.mmap(-1, slot_bytes(batch))
-    placed = write_batch(buffer, batch)
+    buffer = mmap.mmap(-1, slot_bytes([batch]))
+    placed = write_batch(buffer, [batch])
     assert all(isinstance(p, SlotArray) and p.offset % ALIGN == 0 for p in placed.values())
     # What the worker receives went through pickle, as over the socket.
     back = read_batch(buffer, pickle.loads(pickle.dumps(placed)))
@@ -39,9 +39,27 @@ def test_round_trip_through_a_slot_is_exact_and_aligned() -> None:
         np.testing.assert_array_equal(back[name], array)
 
 
+def test_parts_land_in_the_slot_as_one_batch_rows_in_order() -> None:
+    rng = np.random.default_rng(1)
+    parts = [
+        {"x": rng.standard_normal((rows, 3)).astype(np.float32), "k": np.full((rows,), rows, np.int64),
+         "s": np.array([b"r%d" % rows] * rows, dtype=object)}
+        for rows in (2, 1, 0, 4)
+    ]
+    buffer = mmap.mmap(-1, slot_bytes(parts))
+    assert len(buffer) == 3 * ALIGN  # x: 7*3*4 = 84 bytes -> 128; k: 7*8 = 56 -> 64; s inline
+    placed = write_batch(buffer, parts)
+    assert placed["x"] == SlotArray("<f4", (7, 3), 0)
+    assert placed["k"] == SlotArray("<i8", (7,), 2 * ALIGN)
+    back = read_batch(buffer, pickle.loads(pickle.dumps(placed)))
+    for name in ("x", "k", "s"):
+        np.testing.assert_array_equal(back[name], np.concatenate([p[name] for p in parts]))
+    assert back["k"].tolist() == [2, 2, 1, 4, 4, 4, 4]
+
+
 def test_string_tensors_travel_inline() -> None:
     strings = np.array([[b"a"], [b"\x00bc"]], dtype=object)
-    placed = write_batch(mmap.mmap(-1, ALIGN), {"s": strings, "n": np.arange(2, dtype=np.int32)})
+    placed = write_batch(mmap.mmap(-1, ALIGN), [{"s": strings, "n": np.arange(2, dtype=np.int32)}])
     assert placed["s"] is strings
     back = read_batch(None, {"s": strings})  # no slot needed for inline arrays
     assert back["s"] is strings
@@ -55,7 +73,7 @@ def test_a_slot_array_without_a_slot_is_an_error_not_garbage() -> None:
 
 def test_views_read_the_slot_without_copying() -> None:
     buffer = mmap.mmap(-1, ALIGN)
-    placed = write_batch(buffer, {"x": np.arange(4, dtype=np.int32)})
+    placed = write_batch(buffer, [{"x": np.arange(4, dtype=np.int32)}])
     view = read_batch(buffer, placed)["x"]
     np.ndarray((4,), np.int32, buffer=buffer)[0] = 42  # the server reusing the slot...
     assert view[0] == 42  # ...is seen: so a slot must not be reused before its answer arrives
@@ -64,7 +82,7 @@ def test_views_read_the_slot_without_copying() -> None:
 
 def test_a_strings_only_batch_needs_no_slot_and_numbers_do() -> None:
     strings = np.array([b"a", b"b"], dtype=object)
-    assert slot_bytes({"s": strings}) == 0
-    assert write_batch(None, {"s": strings}) == {"s": strings}
+    assert slot_bytes([{"s": strings}]) == 0
+    assert write_batch(None, [{"s": strings}]) == {"s": strings}
     with pytest.raises(ValueError, match="input 'n' needs a slot and none was given"):
-        write_batch(None, {"s": strings, "n": np.arange(2, dtype=np.int32)})
+        write_batch(None, [{"s": strings, "n": np.arange(2, dtype=np.int32)}])
