@@ -5,14 +5,17 @@ For an overhead-bound model (mlp) and a compute-bound one (cnn), it measures
   (b) the wire ceiling: a grpc.aio server replaying one precomputed response (bench.fixed_server);
   (c) this server with batching off (--max-batch-size 1);
   (d) this server with its defaults;
-each server under `python -m client bench` at 1, 16 and 64 concurrent 1-row callers, and writes a
+each server under `python -m client bench` at 1, 4, 16 and 64 concurrent 1-row callers (4: where
+waiting for more rows could cost more than it gains), and writes a
 markdown table with the ratios (build/bench/results.md) and the raw figures (results.json).
 
 A shared 2-core machine drifts by tens of percent from one minute to the next, so the three
-servers are measured in turns (fixed, off, default, fixed, off, default, ...) `--repeat` times,
-and each figure is the median of its repeats: drift then hits all three alike.
+servers run side by side for the whole model (an idle server costs the others nothing) and, at
+each concurrency, are measured in turns (fixed, off, default, fixed, off, default, ...) `--repeat`
+times: the figures a ratio compares are taken seconds apart, not minutes, and each figure is the
+median of its repeats.
 
-usage: python -m bench.suite [--seconds S] [--warmup-s S] [--concurrency 1,16,64] [--models mlp,cnn] [--repeat N]
+usage: python -m bench.suite [--seconds S] [--warmup-s S] [--concurrency 1,4,16,64] [--models mlp,cnn] [--repeat N]
        [--smoke]   (a few seconds in all: what `make test` runs; no figure is meaningful)
 """
 
@@ -94,25 +97,23 @@ def start_fixed(response: Path, work: Path, label: str) -> tuple[Process, str]:
     return process, f"127.0.0.1:{port}"
 
 
-def measure(target: str, model: str, input_file: Path, opts: argparse.Namespace) -> list[dict[str, Any]]:
+def measure(target: str, model: str, input_file: Path, opts: argparse.Namespace, concurrency: int) -> dict[str, Any]:
     name = SHAPES[model][0]
-    return list(run_json(
+    (run,) = run_json(
         ["-m", "client", "bench", "--target", target, "--model", model, "--no-metadata",
-         "--input", f"{name}={input_file}", "--concurrency", opts.concurrency,
+         "--input", f"{name}={input_file}", "--concurrency", str(concurrency),
          "--warmup-s", str(opts.warmup_s), "--seconds", str(opts.seconds)],
         timeout=600,
-    ))
+    )
+    return dict(run)
 
 
-def median_runs(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Per load level, the run whose req/s is the median of the repeats (its latencies with it)."""
-    merged = []
-    for level in zip(*runs, strict=True):
-        if any(r["codes"] != {"OK": r["requests"]} or not r["requests"] for r in level):
-            raise RuntimeError(f"a benchmark run had failures or no answers: {level}")
-        ordered = sorted(level, key=lambda r: r["req_per_s"])
-        merged.append({**ordered[len(ordered) // 2], "repeats_req_per_s": [r["req_per_s"] for r in level]})
-    return merged
+def median_run(repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """The repeat whose req/s is the median (its latencies with it), with every repeat's req/s."""
+    if any(r["codes"] != {"OK": r["requests"]} or not r["requests"] for r in repeats):
+        raise RuntimeError(f"a benchmark run had failures or no answers: {repeats}")
+    ordered = sorted(repeats, key=lambda r: r["req_per_s"])
+    return {**ordered[len(ordered) // 2], "repeats_req_per_s": [r["req_per_s"] for r in repeats]}
 
 
 def rate(run: dict[str, Any]) -> str:
@@ -122,14 +123,30 @@ def rate(run: dict[str, Any]) -> str:
     return f"{run['req_per_s']:,.0f}{spread}"
 
 
+def start_servers(base: Path, response: Path, work: Path, model: str,
+                  default_flags: list[str]) -> dict[str, tuple[Process, str]]:
+    """The three servers under comparison, started together: fixed-response, batching off, defaults."""
+    servers: dict[str, tuple[Process, str]] = {}
+    try:
+        servers["fixed"] = start_fixed(response, work, f"{model}-fixed")
+        servers["off"] = start_ours(base, ["--max-batch-size", "1"], work, f"{model}-off")
+        servers["default"] = start_ours(base, default_flags, work, f"{model}-default")
+    except BaseException:
+        for process, _ in servers.values():
+            process.stop()
+        raise
+    return servers
+
+
 def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}" if b else "n/a"
 
 
 def report(results: dict[str, Any], opts: argparse.Namespace) -> str:
     lines = [f"# Benchmark ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, "
-             f"{opts.seconds:g} s per point after {opts.warmup_s:g} s warm-up, median of {opts.repeat} "
-             "interleaved runs, one closed-loop client sending 1-row requests on the same machine)", ""]
+             f"{opts.seconds:g} s per point after {opts.warmup_s:g} s warm-up, median of {opts.repeat} runs "
+             "taken in turns with the three servers side by side, one closed-loop client sending 1-row "
+             "requests on the same machine)", ""]
     for model, r in results.items():
         ceiling = r["inprocess"]
         lines += [f"## {model}", "",
@@ -154,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--warmup-s", type=float, default=2.0)
-    parser.add_argument("--concurrency", default="1,16,64")
+    parser.add_argument("--concurrency", default="1,4,16,64")
     parser.add_argument("--models", default="mlp,cnn")
     parser.add_argument("--repeat", type=int, default=3, help="interleaved runs per point; the median counts")
     parser.add_argument("--out", default=str(ROOT / "build" / "bench"))
@@ -179,22 +196,22 @@ def main(argv: list[str] | None = None) -> int:
             inprocess = run_json(["-m", "bench.inprocess", str(base), str(input_file), str(response),
                                   str(max(opts.seconds / 2, 0.3)), "1", "16", "64"], timeout=600)
             print(f"{model} in-process rows/s: {inprocess}", file=sys.stderr, flush=True)
-            runs: dict[str, list[list[dict[str, Any]]]] = {"fixed": [], "off": [], "default": []}
-            for _ in range(opts.repeat):
-                for label, label_runs in runs.items():
-                    if label == "fixed":
-                        process, target = start_fixed(response, work, f"{model}-fixed")
-                    else:
-                        flags = ["--max-batch-size", "1"] if label == "off" else opts.server_flags.split()
-                        process, target = start_ours(base, flags, work, f"{model}-{label}")
-                    try:
-                        label_runs.append(measure(target, model, input_file, opts))
-                    finally:
-                        process.stop()
-                    print(f"{model} {label}: " + ", ".join(
-                        f"C={r['concurrency']} {r['req_per_s']:,.0f} req/s p50 {r['p50_ms']:.2f} ms"
-                        for r in label_runs[-1]), file=sys.stderr, flush=True)
-            results[model] = {"inprocess": inprocess, **{label: median_runs(r) for label, r in runs.items()}}
+            levels = [int(c) for c in opts.concurrency.split(",")]
+            servers = start_servers(base, response, work, model, opts.server_flags.split())
+            runs: dict[str, list[list[dict[str, Any]]]] = {label: [[] for _ in levels] for label in servers}
+            try:
+                for i, level in enumerate(levels):
+                    for _ in range(opts.repeat):
+                        for label, (_, target) in servers.items():
+                            run = measure(target, model, input_file, opts, level)
+                            runs[label][i].append(run)
+                            print(f"{model} {label}: C={level} {run['req_per_s']:,.0f} req/s "
+                                  f"p50 {run['p50_ms']:.2f} ms", file=sys.stderr, flush=True)
+            finally:
+                for process, _ in servers.values():
+                    process.stop()
+            results[model] = {"inprocess": inprocess,
+                              **{label: [median_run(r) for r in label_runs] for label, label_runs in runs.items()}}
     (out / "results.json").write_text(json.dumps(results, indent=1))
     markdown = report(results, opts)
     (out / "results.md").write_text(markdown)
