@@ -1,5 +1,6 @@
 """The batcher's auto wait (timeout 0): at once while requests come one at a time; a bounded wait
-once batches show that they come together; back to at once when they stop."""
+once batches show that they come together (while they stay small, only as long as another batch
+executes); back to at once when they stop."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ async def lone(b: Batcher, model: FakeModel, first: int) -> float:
     return model.calls[-1].at - t0
 
 
-async def crowd(b: Batcher, model: FakeModel, first: int, rows: int = 6) -> None:
+async def crowd(b: Batcher, model: FakeModel, first: int, rows: int = 40) -> None:
     """One request runs while `rows` more queue behind it: the next batch carries `rows` rows."""
     model.gate.clear()
     head = asyncio.create_task(b.submit("k", request(first, 1), 1))
@@ -66,7 +67,7 @@ def test_after_crowded_batches_a_batch_waits_within_the_bounds(
 
     async def main() -> None:
         b = start(model, executor, max_auto_wait_s=cap_s)
-        await crowd(b, model, 100)  # batches of 1 then 6 rows: average 2.0
+        await crowd(b, model, 100)  # batches of 1 then 40 rows: average 8.8, not small
         waited = await lone(b, model, 200)
         assert 0.099 <= waited < 0.5, waited
         await b.drain()
@@ -111,7 +112,44 @@ def test_back_to_lone_traffic_it_stops_waiting(model: FakeModel, executor: Threa
         await crowd(b, model, 100)
         waits = [await lone(b, model, 200 + 10 * i) for i in range(8)]
         assert waits[0] >= 0.019, waits  # still averaging over the crowded batch
-        assert waits[-1] < 0.015, waits  # the average fell under 1.5 rows: at once again
+        assert waits[-1] < 0.015, waits  # the average fell under 6 rows and the model is idle: at once
+        await b.drain()
+
+    asyncio.run(main())
+
+
+def test_small_batches_do_not_keep_an_idle_model_waiting(model: FakeModel, executor: ThreadPoolExecutor,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batcher_module, "AUTO_WAIT_MIN_S", 0.1)
+
+    async def main() -> None:
+        b = start(model, executor)
+        await crowd(b, model, 100, rows=6)  # batches of 1 then 6 rows: average 2.0, small
+        assert await lone(b, model, 200) < 0.05  # nothing executing: no wait
+        await b.drain()
+
+    asyncio.run(main())
+
+
+def test_small_batches_wait_while_another_batch_runs_and_go_when_it_ends(
+    model: FakeModel, executor: ThreadPoolExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(batcher_module, "AUTO_WAIT_MIN_S", 0.2)
+
+    async def main() -> None:
+        b = start(model, executor, max_inflight=2)
+        await crowd(b, model, 100, rows=6)
+        model.gate.clear()
+        running = asyncio.create_task(b.submit("k", request(200, 1), 1))
+        await until(lambda: int(model.calls[-1].x[0, 0]) == 200)  # went at once; now held
+        t0 = time.monotonic()
+        waiting = asyncio.create_task(b.submit("k", request(300, 1), 1))
+        await asyncio.sleep(0.05)
+        assert int(model.calls[-1].x[0, 0]) == 200, "a free slot, but the batch waits for rows"
+        model.gate.set()  # the running batch ends: the model is idle, so the waiting one goes now
+        await asyncio.gather(running, waiting)
+        assert int(model.calls[-1].x[0, 0]) == 300
+        assert 0.045 <= model.calls[-1].at - t0 < 0.15, "went when the other ended, not at the 0.2 s floor"
         await b.drain()
 
     asyncio.run(main())
