@@ -80,23 +80,29 @@ def test_a_full_batch_goes_without_the_wait(model: FakeModel, executor: ThreadPo
     monkeypatch.setattr(batcher_module, "AUTO_WAIT_MIN_S", 5.0)
 
     async def main() -> None:
-        b = start(model, executor, max_batch_rows=4, max_auto_wait_s=5.0)
-        await crowd(b, model, 100, rows=3)
+        b = start(model, executor, max_batch_rows=40, max_auto_wait_s=5.0)
+        await crowd(b, model, 100)  # batches of 1 then 40 rows: average 8.8, so the wait is on
         t0 = time.monotonic()
-        await b.submit("k", request(200, 4), 4)
+        await b.submit("k", request(200, 40), 40)
         assert model.calls[-1].at - t0 < 0.05
         await b.drain()
 
     asyncio.run(main())
 
 
-def test_zero_max_auto_wait_turns_it_off(model: FakeModel, executor: ThreadPoolExecutor,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(batcher_module, "AUTO_WAIT_MIN_S", 1.0)
+@pytest.mark.parametrize(("max_auto_wait_s", "crowd_rows"), [(0.0, 40), (0.15, 6)],
+                         ids=["wait turned off", "small batches, idle model"])
+def test_a_lone_request_after_a_crowd_goes_at_once(
+    model: FakeModel, executor: ThreadPoolExecutor, monkeypatch: pytest.MonkeyPatch,
+    max_auto_wait_s: float, crowd_rows: int,
+) -> None:
+    """With --max-auto-wait-ms 0 never any wait; with batches of 1 then 6 rows (average 2.0,
+    small) none while nothing executes."""
+    monkeypatch.setattr(batcher_module, "AUTO_WAIT_MIN_S", 0.1)
 
     async def main() -> None:
-        b = start(model, executor, max_auto_wait_s=0.0)
-        await crowd(b, model, 100)
+        b = start(model, executor, max_auto_wait_s=max_auto_wait_s)
+        await crowd(b, model, 100, rows=crowd_rows)
         assert await lone(b, model, 200) < 0.05
         await b.drain()
 
@@ -113,19 +119,6 @@ def test_back_to_lone_traffic_it_stops_waiting(model: FakeModel, executor: Threa
         waits = [await lone(b, model, 200 + 10 * i) for i in range(8)]
         assert waits[0] >= 0.019, waits  # still averaging over the crowded batch
         assert waits[-1] < 0.015, waits  # the average fell under 6 rows and the model is idle: at once
-        await b.drain()
-
-    asyncio.run(main())
-
-
-def test_small_batches_do_not_keep_an_idle_model_waiting(model: FakeModel, executor: ThreadPoolExecutor,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(batcher_module, "AUTO_WAIT_MIN_S", 0.1)
-
-    async def main() -> None:
-        b = start(model, executor)
-        await crowd(b, model, 100, rows=6)  # batches of 1 then 6 rows: average 2.0, small
-        assert await lone(b, model, 200) < 0.05  # nothing executing: no wait
         await b.drain()
 
     asyncio.run(main())
