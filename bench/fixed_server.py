@@ -38,5 +38,5 @@ async def serve(port_file: Path, response: bytes) -> None:
 
 
 if __name__ == "__main__":
-    loop = sys.argv[3] if len(sys.argv) > 3 else "uvloop"
+    loop = sys.argv[3] if len(sys.argv) > 3 else event_loop.NAMES[0]  # the server's default
     event_loop.run(serve(Path(sys.argv[1]), Path(sys.argv[2]).read_bytes()), loop)

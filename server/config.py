@@ -70,7 +70,7 @@ class Settings:
     over pods added since; 0 (the default) keeps connections for as long as clients like."""
     grpc_max_connection_age_grace_ms: int
     """After that GOAWAY, how long calls already on the old connection may take to finish."""
-    event_loop: str = "uvloop"
+    event_loop: str
     """uvloop (the default: less CPU per request) or asyncio (the standard library's loop)."""
 
     @property
