@@ -1,13 +1,17 @@
 """`make bench`: every figure of the performance table, in one run, with one client.
 
 For an overhead-bound model (mlp) and a compute-bound one (cnn), it measures
-  (a) the in-process ceiling: the SavedModel called directly at batch 1, 16 and 64;
+  (a) the in-process ceiling: the SavedModel called directly at batch 1, 16 and 64, before the
+      servers start and again after they stop; the ratios use the higher of the two;
   (b) the wire ceiling: a grpc.aio server replaying one precomputed response (bench.fixed_server);
   (c) this server with batching off (--max-batch-size 1);
   (d) this server with its defaults;
 each server under `python -m client bench` at 1, 4, 16 and 64 concurrent 1-row callers (4: where
 waiting for more rows could cost more than it gains), and writes a
 markdown table with the ratios (build/bench/results.md) and the raw figures (results.json).
+With the throughput goes the CPU each request cost, read from /proc over the measured window:
+the load generator's and each server's (its model worker included). On a machine that the
+client shares with the servers, that is what decides the ratios.
 
 A shared 2-core machine drifts by tens of percent from one minute to the next, so the three
 servers run side by side for the whole model (an idle server costs the others nothing) and, at
@@ -97,15 +101,25 @@ def start_fixed(response: Path, work: Path, label: str) -> tuple[Process, str]:
     return process, f"127.0.0.1:{port}"
 
 
-def measure(target: str, model: str, input_file: Path, opts: argparse.Namespace, concurrency: int) -> dict[str, Any]:
+def measure(target: str, model: str, input_file: Path, opts: argparse.Namespace, concurrency: int,
+            server_pid: int | None = None) -> dict[str, Any]:
     name = SHAPES[model][0]
+    cpu_of = [] if server_pid is None else ["--cpu-of", str(server_pid)]
     (run,) = run_json(
         ["-m", "client", "bench", "--target", target, "--model", model, "--no-metadata",
          "--input", f"{name}={input_file}", "--concurrency", str(concurrency),
-         "--warmup-s", str(opts.warmup_s), "--seconds", str(opts.seconds)],
+         "--warmup-s", str(opts.warmup_s), "--seconds", str(opts.seconds), *cpu_of],
         timeout=600,
     )
     return dict(run)
+
+
+def in_process_ceiling(model: str, base: Path, input_file: Path, response: Path, seconds: float) -> dict[str, float]:
+    """rows/s of the SavedModel called directly, per batch size; also writes the fixed server's response."""
+    found: dict[str, float] = run_json(["-m", "bench.inprocess", str(base), str(input_file), str(response),
+                                        str(seconds), "1", "16", "64"], timeout=600)
+    print(f"{model} in-process rows/s: {found}", file=sys.stderr, flush=True)
+    return found
 
 
 def median_run(repeats: list[dict[str, Any]]) -> dict[str, Any]:
@@ -138,6 +152,11 @@ def start_servers(base: Path, response: Path, work: Path, model: str,
     return servers
 
 
+def cpu(run: dict[str, Any], key: str) -> str:
+    value = run.get(key)
+    return "-" if value is None else f"{value:,.0f}"
+
+
 def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}" if b else "n/a"
 
@@ -149,9 +168,11 @@ def report(results: dict[str, Any], opts: argparse.Namespace) -> str:
              "requests on the same machine)", ""]
     for model, r in results.items():
         ceiling = r["inprocess"]
+        before, after = r["inprocess_runs"]
         lines += [f"## {model}", "",
-                  "In-process ceiling (SavedModel called directly): "
-                  + ", ".join(f"batch {b}: {v:,.0f} rows/s" for b, v in ceiling.items()), "",
+                  "In-process ceiling (SavedModel called directly; before the servers / after them; the "
+                  "ratios use the higher): "
+                  + ", ".join(f"batch {b}: {before[b]:,.0f} / {after[b]:,.0f} rows/s" for b in ceiling), "",
                   "| clients | fixed-response gRPC req/s | batching off req/s | default req/s | default / fixed "
                   "| default / off | default / in-process@64 | p50 ms off | p50 ms default | p99 ms default |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
@@ -163,6 +184,14 @@ def report(results: dict[str, Any], opts: argparse.Namespace) -> str:
                 f"| {ratio(default['req_per_s'], off['req_per_s'])} "
                 f"| {ratio(default['rows_per_s'], best_ceiling)} | {off['p50_ms']:.2f} | {default['p50_ms']:.2f} "
                 f"| {default['p99_ms']:.2f} |")
+        lines += ["", "CPU per request (µs, over the measured window of the median run; server: its "
+                  "process and children, the model worker included):", "",
+                  "| clients | load generator (default's run) | fixed-response server | batching off | default |",
+                  "|---|---|---|---|---|"]
+        for fixed, off, default in zip(r["fixed"], r["off"], r["default"], strict=True):
+            lines.append(f"| {default['concurrency']} | {cpu(default, 'client_cpu_us')} "
+                         f"| {cpu(fixed, 'server_cpu_us')} | {cpu(off, 'server_cpu_us')} "
+                         f"| {cpu(default, 'server_cpu_us')} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -193,24 +222,25 @@ def main(argv: list[str] | None = None) -> int:
             input_file = work / f"{model}-input.npy"
             np.save(input_file, np.random.default_rng(0).standard_normal(shape).astype(np.float32))
             response = work / f"{model}-response.pb"
-            inprocess = run_json(["-m", "bench.inprocess", str(base), str(input_file), str(response),
-                                  str(max(opts.seconds / 2, 0.3)), "1", "16", "64"], timeout=600)
-            print(f"{model} in-process rows/s: {inprocess}", file=sys.stderr, flush=True)
+            before = in_process_ceiling(model, base, input_file, response, max(opts.seconds / 2, 0.3))
             levels = [int(c) for c in opts.concurrency.split(",")]
             servers = start_servers(base, response, work, model, opts.server_flags.split())
             runs: dict[str, list[list[dict[str, Any]]]] = {label: [[] for _ in levels] for label in servers}
             try:
                 for i, level in enumerate(levels):
                     for _ in range(opts.repeat):
-                        for label, (_, target) in servers.items():
-                            run = measure(target, model, input_file, opts, level)
+                        for label, (process, target) in servers.items():
+                            run = measure(target, model, input_file, opts, level, process.handle.pid)
                             runs[label][i].append(run)
                             print(f"{model} {label}: C={level} {run['req_per_s']:,.0f} req/s "
                                   f"p50 {run['p50_ms']:.2f} ms", file=sys.stderr, flush=True)
             finally:
                 for process, _ in servers.values():
                     process.stop()
-            results[model] = {"inprocess": inprocess,
+            # the machine's speed drifts: the ratios use the higher ceiling
+            after = in_process_ceiling(model, base, input_file, response, max(opts.seconds / 2, 0.3))
+            results[model] = {"inprocess": {b: max(before[b], after[b]) for b in before},
+                              "inprocess_runs": [before, after],
                               **{label: [median_run(r) for r in label_runs] for label, label_runs in runs.items()}}
     (out / "results.json").write_text(json.dumps(results, indent=1))
     markdown = report(results, opts)

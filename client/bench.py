@@ -7,7 +7,8 @@
 
 Requests are serialized once and sent as raw bytes, and responses are not decoded, so the
 generator spends as little CPU as it can on the machine it shares with the server. A warm-up
-period runs first; only calls that complete inside the measured window count.
+period runs first; only calls that complete inside the measured window count. Over the same
+window it reports the CPU it used per request, and, given the server's process ids, the server's.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import grpc
+
+from client.cpu import CpuWindow
 
 PREDICT_PATH = "/tensorflow.serving.PredictionService/Predict"
 
@@ -43,6 +46,10 @@ class BenchResult:
     p99_ms: float
     p999_ms: float
     max_ms: float
+    client_cpu_us: float | None = None
+    """CPU microseconds this load generator used per request in the measured window."""
+    server_cpu_us: float | None = None
+    """Same, for the watched server processes and their children (None when none were given)."""
 
 
 def _percentile(ordered: Sequence[float], q: float) -> float:
@@ -52,17 +59,33 @@ def _percentile(ordered: Sequence[float], q: float) -> float:
 
 
 def summarize(mode: str, concurrency: int, rate: float, rows: int, seconds: float,
-              samples: list[tuple[float, str]]) -> BenchResult:
-    """samples: (latency in seconds, status code name) of calls completed in the window."""
+              samples: list[tuple[float, str]], cpu: CpuWindow | None = None) -> BenchResult:
+    """samples: (latency in seconds, status code name) of calls completed in the window;
+    cpu: what the processes used over that window, shared out over those calls."""
     codes = Counter(code for _, code in samples)
     ok = sorted(lat for lat, code in samples if code == "OK")
     ms = [x * 1e3 for x in ok]
+
+    def per_request(seconds_used: float | None) -> float | None:
+        return None if seconds_used is None or not samples else seconds_used / len(samples) * 1e6
+
     return BenchResult(
         mode=mode, concurrency=concurrency, rate=rate, rows=rows, seconds=seconds, requests=len(samples),
         codes=dict(codes), req_per_s=len(ok) / seconds, rows_per_s=len(ok) * rows / seconds,
         p50_ms=_percentile(ms, 0.5), p90_ms=_percentile(ms, 0.9), p99_ms=_percentile(ms, 0.99),
         p999_ms=_percentile(ms, 0.999), max_ms=ms[-1] if ms else float("nan"),
+        client_cpu_us=per_request(cpu.own_s if cpu else None),
+        server_cpu_us=per_request(cpu.watched_s if cpu else None),
     )
+
+
+def _measure_cpu(watched: Sequence[int], warmup_s: float, seconds: float) -> CpuWindow:
+    """A CPU window that opens and closes with the measured window (timers on the running loop)."""
+    window = CpuWindow(watched)
+    loop = asyncio.get_running_loop()
+    loop.call_later(warmup_s, window.begin)
+    loop.call_later(warmup_s + seconds, window.end)
+    return window
 
 
 async def _status(call: grpc.aio.UnaryUnaryMultiCallable, payload: bytes, timeout: float) -> str:
@@ -75,12 +98,13 @@ async def _status(call: grpc.aio.UnaryUnaryMultiCallable, payload: bytes, timeou
 
 
 async def closed_loop(target: str, payload: bytes, concurrency: int, warmup_s: float, seconds: float,
-                      rows: int, timeout: float = 30.0) -> BenchResult:
+                      rows: int, timeout: float = 30.0, cpu_of: Sequence[int] = ()) -> BenchResult:
     samples: list[tuple[float, str]] = []
     async with grpc.aio.insecure_channel(target) as channel:
         call = channel.unary_unary(PREDICT_PATH)
         start = time.perf_counter() + warmup_s
         end = start + seconds
+        cpu = _measure_cpu(cpu_of, warmup_s, seconds)
 
         async def caller() -> None:
             while True:
@@ -93,11 +117,11 @@ async def closed_loop(target: str, payload: bytes, concurrency: int, warmup_s: f
                     samples.append((done - sent, code))
 
         await asyncio.gather(*(caller() for _ in range(concurrency)))
-    return summarize("closed", concurrency, 0.0, rows, seconds, samples)
+    return summarize("closed", concurrency, 0.0, rows, seconds, samples, cpu)
 
 
 async def open_loop(target: str, payload: bytes, rate: float, warmup_s: float, seconds: float,
-                    rows: int, timeout: float = 30.0, seed: int = 0) -> BenchResult:
+                    rows: int, timeout: float = 30.0, seed: int = 0, cpu_of: Sequence[int] = ()) -> BenchResult:
     samples: list[tuple[float, str]] = []
     rng = random.Random(seed)
     async with grpc.aio.insecure_channel(target) as channel:
@@ -105,6 +129,7 @@ async def open_loop(target: str, payload: bytes, rate: float, warmup_s: float, s
         origin = time.perf_counter()
         start = origin + warmup_s
         end = start + seconds
+        cpu = _measure_cpu(cpu_of, warmup_s, seconds)
         tasks: set[asyncio.Task[None]] = set()
 
         async def one(scheduled: float) -> None:
@@ -126,19 +151,24 @@ async def open_loop(target: str, payload: bytes, rate: float, warmup_s: float, s
             task.add_done_callback(tasks.discard)
         if tasks:
             await asyncio.wait(tasks)
-    return summarize("open", 0, rate, rows, seconds, samples)
+    return summarize("open", 0, rate, rows, seconds, samples, cpu)
 
 
 def table(results: Sequence[BenchResult]) -> str:
-    header = ("mode", "load", "rows", "req/s", "rows/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms", "codes")
+    header = ("mode", "load", "rows", "req/s", "rows/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms",
+              "client CPU µs/req", "server CPU µs/req", "codes")
     lines = [" | ".join(header), " | ".join("---" for _ in header)]
     for r in results:
         load = f"C={r.concurrency}" if r.mode == "closed" else f"{r.rate:g}/s"
         codes = " ".join(f"{k}={v}" for k, v in sorted(r.codes.items()))
         lines.append(" | ".join((r.mode, load, str(r.rows), f"{r.req_per_s:.0f}", f"{r.rows_per_s:.0f}",
                                  f"{r.p50_ms:.2f}", f"{r.p90_ms:.2f}", f"{r.p99_ms:.2f}", f"{r.p999_ms:.2f}",
-                                 f"{r.max_ms:.2f}", codes)))
+                                 f"{r.max_ms:.2f}", _us(r.client_cpu_us), _us(r.server_cpu_us), codes)))
     return "\n".join(lines)
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 def to_json(results: Sequence[BenchResult]) -> str:

@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seconds", type=float, default=10.0, help="measured window per load level (default 10)")
     b.add_argument("--timeout", type=float, default=30.0, help="per-request deadline in seconds")
     b.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON here")
+    b.add_argument("--cpu-of", type=int, action="append", default=[], metavar="PID",
+                   help="also report the CPU this process and its children (a server and its model worker) "
+                        "use per request in the measured window; repeatable; Linux (/proc)")
     return parser
 
 
@@ -141,11 +144,12 @@ def run_bench(args: argparse.Namespace) -> int:
     results = []
     for level in (int(c) for c in args.concurrency.split(",") if c.strip() and not args.rate):
         results.append(asyncio.run(bench.closed_loop(
-            args.target, payload, level, args.warmup_s, args.seconds, args.rows, args.timeout)))
+            args.target, payload, level, args.warmup_s, args.seconds, args.rows, args.timeout, args.cpu_of)))
         print(bench.table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     for rate in (float(r) for r in args.rate.split(",") if r.strip()):
         results.append(asyncio.run(bench.open_loop(
-            args.target, payload, rate, args.warmup_s, args.seconds, args.rows, args.timeout)))
+            args.target, payload, rate, args.warmup_s, args.seconds, args.rows, args.timeout,
+            cpu_of=args.cpu_of)))
         print(bench.table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     print(bench.table(results))
     print(bench.to_json(results))

@@ -28,12 +28,15 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
     results = json.loads((tmp_path / "results.json").read_text())
     mlp = results["mlp"]
     assert set(mlp["inprocess"]) == {"1", "16", "64"} and all(v > 0 for v in mlp["inprocess"].values())
+    before, after = mlp["inprocess_runs"]  # measured before the servers and after; the higher counts
+    assert mlp["inprocess"] == {b: max(before[b], after[b]) for b in before}
     for label in ("fixed", "off", "default"):
         assert [r["concurrency"] for r in mlp[label]] == [1, 4]
         assert all(r["codes"] == {"OK": r["requests"]} and r["req_per_s"] > 0 for r in mlp[label]), mlp[label]
+        assert all(r["client_cpu_us"] > 0 and r["server_cpu_us"] > 0 for r in mlp[label]), mlp[label]
     table = (tmp_path / "results.md").read_text()
     print(table)
-    assert "| 1 |" in table and "| 4 |" in table and "default / fixed" in table
+    assert "| 1 |" in table and "| 4 |" in table and "default / fixed" in table and "CPU per request" in table
 
 
 def test_client_bench_open_loop(server_for, tmp_path: Path) -> None:
@@ -41,7 +44,8 @@ def test_client_bench_open_loop(server_for, tmp_path: Path) -> None:
     np.save(tmp_path / "x.npy", np.array([[1, 2]], np.int64))
     done = subprocess.run(
         [sys.executable, "-m", "client", "bench", "--target", server.target, "--model", "echo",
-         "--rate", "200", "--warmup-s", "0.2", "--seconds", "1", "--json", str(tmp_path / "out.json")],
+         "--rate", "200", "--warmup-s", "0.2", "--seconds", "1", "--json", str(tmp_path / "out.json"),
+         "--cpu-of", str(server.process.pid)],
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     (result,) = json.loads((tmp_path / "out.json").read_text())
@@ -50,6 +54,7 @@ def test_client_bench_open_loop(server_for, tmp_path: Path) -> None:
     assert result["codes"] == {"OK": result["requests"]}
     assert 100 < result["requests"] < 300  # Poisson arrivals at 200/s over 1 s
     assert 0 < result["p50_ms"] <= result["p99_ms"] <= result["max_ms"]
+    assert result["client_cpu_us"] > 0 and result["server_cpu_us"] > 0  # the server and its model worker
 
 
 PAUSE_S = 0.02

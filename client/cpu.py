@@ -1,0 +1,73 @@
+"""CPU seconds used by processes, for the load generator's CPU-per-request figures.
+
+On a machine that the load generator shares with the server, throughput is decided by where each
+request's CPU goes: the generator's own share and the server's (its model worker included). The
+figures come from Linux's /proc: a process's utime + stime counts all its threads, and a server's
+children (the model worker) are found through /proc/PID/task/TID/children.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+PROC = Path("/proc")
+TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of one process (all its threads); 0 if it is gone."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2:].split()  # the command name may contain spaces
+    return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+
+
+def descendants(pid: int) -> list[int]:
+    """pid and every process below it."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        try:
+            tasks = list((PROC / str(current) / "task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                todo += [int(child) for child in (task / "children").read_text().split()]
+            except OSError:
+                continue
+    return found
+
+
+def tree_cpu_seconds(pids: Iterable[int]) -> float:
+    """CPU seconds of the given processes and all their descendants."""
+    return sum(process_cpu_seconds(p) for pid in pids for p in descendants(pid))
+
+
+class CpuWindow:
+    """CPU used between `begin()` and `end()`: by this process, and by the watched process trees."""
+
+    def __init__(self, watched: Iterable[int] = ()) -> None:
+        self.watched = list(watched)
+        self._begin: tuple[float, float] | None = None
+        self.own_s: float | None = None
+        self.watched_s: float | None = None
+
+    def _now(self) -> tuple[float, float]:
+        return time.process_time(), tree_cpu_seconds(self.watched)
+
+    def begin(self) -> None:
+        self._begin = self._now()
+
+    def end(self) -> None:
+        if self._begin is None:
+            return
+        own, watched = self._now()
+        self.own_s = own - self._begin[0]
+        self.watched_s = watched - self._begin[1] if self.watched else None

@@ -1,0 +1,59 @@
+"""The load generator's CPU accounting: /proc figures for a process tree, and a window's share
+per request."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from client.bench import summarize
+from client.cpu import CpuWindow, descendants, process_cpu_seconds, tree_cpu_seconds
+
+BURN = ("import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
+        "print('done', flush=True)\ntime.sleep(30)")
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+def test_a_childs_cpu_counts_in_its_parents_tree() -> None:
+    child = subprocess.Popen([sys.executable, "-c", BURN], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "done"
+        assert child.pid in descendants(os.getpid())
+        assert process_cpu_seconds(child.pid) >= 0.25
+        assert tree_cpu_seconds([os.getpid()]) >= process_cpu_seconds(os.getpid()) + 0.25
+    finally:
+        child.kill()
+        child.wait()
+    assert process_cpu_seconds(child.pid) == 0.0  # gone: counts nothing, raises nothing
+
+
+def test_a_window_measures_own_and_watched_cpu() -> None:
+    child = subprocess.Popen([sys.executable, "-c", BURN], stdout=subprocess.PIPE, text=True)
+    try:
+        window = CpuWindow([child.pid])
+        window.begin()
+        end = time.process_time() + 0.1
+        while time.process_time() < end:
+            pass
+        assert child.stdout is not None and child.stdout.readline().strip() == "done"
+        window.end()
+    finally:
+        child.kill()
+        child.wait()
+    assert window.own_s is not None and 0.1 <= window.own_s < 1.0
+    assert window.watched_s is not None and window.watched_s >= 0.2  # the child's burn, less start-up
+
+
+def test_cpu_is_shared_out_over_the_windows_calls() -> None:
+    window = CpuWindow()
+    window.own_s, window.watched_s = 0.004, None
+    result = summarize("closed", 4, 0.0, 1, 1.0, [(0.001, "OK"), (0.002, "OK"), (0.003, "OK"),
+                                                   (0.004, "UNAVAILABLE")], window)
+    assert result.client_cpu_us == pytest.approx(1000.0)
+    assert result.server_cpu_us is None
+    assert summarize("closed", 1, 0.0, 1, 1.0, []).client_cpu_us is None
