@@ -10,7 +10,7 @@ each server under `python -m client bench` at 1, 4, 16 and 64 concurrent 1-row c
 waiting for more rows could cost more than it gains), and writes a
 markdown table with the ratios (build/bench/results.md) and the raw figures (results.json).
 With the throughput goes the CPU each request cost, read from /proc over the measured window:
-the load generator's and each server's (its model worker included). On a machine that the
+the load generator's, each server process's, and its model worker's. On a machine that the
 client shares with the servers, that is what decides the ratios.
 
 A shared 2-core machine drifts by tens of percent from one minute to the next, so the three
@@ -157,6 +157,12 @@ def cpu(run: dict[str, Any], key: str) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
+def server_cpu(run: dict[str, Any]) -> str:
+    """The server process's CPU per request, and in brackets the cores that came to."""
+    value = run.get("server_cpu_us")
+    return "-" if value is None else f"{value:,.0f} ({value * run['requests'] / run['seconds'] / 1e6:.2f})"
+
+
 def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}" if b else "n/a"
 
@@ -184,14 +190,15 @@ def report(results: dict[str, Any], opts: argparse.Namespace) -> str:
                 f"| {ratio(default['req_per_s'], off['req_per_s'])} "
                 f"| {ratio(default['rows_per_s'], best_ceiling)} | {off['p50_ms']:.2f} | {default['p50_ms']:.2f} "
                 f"| {default['p99_ms']:.2f} |")
-        lines += ["", "CPU per request (µs, over the measured window of the median run; server: its "
-                  "process and children, the model worker included):", "",
-                  "| clients | load generator (default's run) | fixed-response server | batching off | default |",
-                  "|---|---|---|---|---|"]
+        lines += ["", "CPU per request in µs over the measured window of the median run; in brackets, the cores "
+                  "the server process itself used (its Python threads share one GIL, so about 1 means saturated):",
+                  "", "| clients | load generator (default's run) | fixed-response server | batching off: server "
+                  "| batching off: model worker | default: server | default: model worker |",
+                  "|---|---|---|---|---|---|---|"]
         for fixed, off, default in zip(r["fixed"], r["off"], r["default"], strict=True):
-            lines.append(f"| {default['concurrency']} | {cpu(default, 'client_cpu_us')} "
-                         f"| {cpu(fixed, 'server_cpu_us')} | {cpu(off, 'server_cpu_us')} "
-                         f"| {cpu(default, 'server_cpu_us')} |")
+            lines.append(f"| {default['concurrency']} | {cpu(default, 'client_cpu_us')} | {server_cpu(fixed)} "
+                         f"| {server_cpu(off)} | {cpu(off, 'server_children_cpu_us')} "
+                         f"| {server_cpu(default)} | {cpu(default, 'server_children_cpu_us')} |")
         lines.append("")
     return "\n".join(lines)
 

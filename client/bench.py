@@ -49,7 +49,9 @@ class BenchResult:
     client_cpu_us: float | None = None
     """CPU microseconds this load generator used per request in the measured window."""
     server_cpu_us: float | None = None
-    """Same, for the watched server processes and their children (None when none were given)."""
+    """Same, for the watched server processes themselves (None when none were given)..."""
+    server_children_cpu_us: float | None = None
+    """...and for their children (this server's model worker)."""
 
 
 def _percentile(ordered: Sequence[float], q: float) -> float:
@@ -76,16 +78,24 @@ def summarize(mode: str, concurrency: int, rate: float, rows: int, seconds: floa
         p999_ms=_percentile(ms, 0.999), max_ms=ms[-1] if ms else float("nan"),
         client_cpu_us=per_request(cpu.own_s if cpu else None),
         server_cpu_us=per_request(cpu.watched_s if cpu else None),
+        server_children_cpu_us=per_request(cpu.children_s if cpu else None),
     )
 
 
-def _measure_cpu(watched: Sequence[int], warmup_s: float, seconds: float) -> CpuWindow:
-    """A CPU window that opens and closes with the measured window (timers on the running loop)."""
+def _open_cpu_window(watched: Sequence[int], warmup_s: float) -> CpuWindow:
+    """A CPU window that opens with the measured window (a timer on the running loop); close it
+    with _close_cpu_window."""
     window = CpuWindow(watched)
-    loop = asyncio.get_running_loop()
-    loop.call_later(warmup_s, window.begin)
-    loop.call_later(warmup_s + seconds, window.end)
+    asyncio.get_running_loop().call_later(warmup_s, window.begin)
     return window
+
+
+async def _close_cpu_window(window: CpuWindow, end: float) -> None:
+    """Close the window when the measured window ends (a run's last answer may come before)."""
+    delay = end - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    window.end()
 
 
 async def _status(call: grpc.aio.UnaryUnaryMultiCallable, payload: bytes, timeout: float) -> str:
@@ -104,7 +114,7 @@ async def closed_loop(target: str, payload: bytes, concurrency: int, warmup_s: f
         call = channel.unary_unary(PREDICT_PATH)
         start = time.perf_counter() + warmup_s
         end = start + seconds
-        cpu = _measure_cpu(cpu_of, warmup_s, seconds)
+        cpu = _open_cpu_window(cpu_of, warmup_s)
 
         async def caller() -> None:
             while True:
@@ -117,6 +127,7 @@ async def closed_loop(target: str, payload: bytes, concurrency: int, warmup_s: f
                     samples.append((done - sent, code))
 
         await asyncio.gather(*(caller() for _ in range(concurrency)))
+        await _close_cpu_window(cpu, end)
     return summarize("closed", concurrency, 0.0, rows, seconds, samples, cpu)
 
 
@@ -129,7 +140,7 @@ async def open_loop(target: str, payload: bytes, rate: float, warmup_s: float, s
         origin = time.perf_counter()
         start = origin + warmup_s
         end = start + seconds
-        cpu = _measure_cpu(cpu_of, warmup_s, seconds)
+        cpu = _open_cpu_window(cpu_of, warmup_s)
         tasks: set[asyncio.Task[None]] = set()
 
         async def one(scheduled: float) -> None:
@@ -151,19 +162,21 @@ async def open_loop(target: str, payload: bytes, rate: float, warmup_s: float, s
             task.add_done_callback(tasks.discard)
         if tasks:
             await asyncio.wait(tasks)
+        await _close_cpu_window(cpu, end)
     return summarize("open", 0, rate, rows, seconds, samples, cpu)
 
 
 def table(results: Sequence[BenchResult]) -> str:
     header = ("mode", "load", "rows", "req/s", "rows/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms",
-              "client CPU µs/req", "server CPU µs/req", "codes")
+              "client CPU µs/req", "server CPU µs/req", "its children's CPU µs/req", "codes")
     lines = [" | ".join(header), " | ".join("---" for _ in header)]
     for r in results:
         load = f"C={r.concurrency}" if r.mode == "closed" else f"{r.rate:g}/s"
         codes = " ".join(f"{k}={v}" for k, v in sorted(r.codes.items()))
         lines.append(" | ".join((r.mode, load, str(r.rows), f"{r.req_per_s:.0f}", f"{r.rows_per_s:.0f}",
                                  f"{r.p50_ms:.2f}", f"{r.p90_ms:.2f}", f"{r.p99_ms:.2f}", f"{r.p999_ms:.2f}",
-                                 f"{r.max_ms:.2f}", _us(r.client_cpu_us), _us(r.server_cpu_us), codes)))
+                                 f"{r.max_ms:.2f}", _us(r.client_cpu_us), _us(r.server_cpu_us),
+                                 _us(r.server_children_cpu_us), codes)))
     return "\n".join(lines)
 
 

@@ -45,22 +45,28 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def tree_cpu_seconds(pids: Iterable[int]) -> float:
-    """CPU seconds of the given processes and all their descendants."""
-    return sum(process_cpu_seconds(p) for pid in pids for p in descendants(pid))
+def tree_cpu_seconds(pids: Iterable[int]) -> tuple[float, float]:
+    """CPU seconds of the given processes, and of all their descendants."""
+    pids = list(pids)
+    below = {p for pid in pids for p in descendants(pid)} - set(pids)
+    return sum(map(process_cpu_seconds, pids)), sum(map(process_cpu_seconds, below))
 
 
 class CpuWindow:
-    """CPU used between `begin()` and `end()`: by this process, and by the watched process trees."""
+    """CPU used between `begin()` and `end()`: by this process, by the watched processes, and by
+    their descendants. A server and its model worker are kept apart because each Python process
+    runs its Python code one thread at a time: a server process that uses about one core is
+    saturated, whatever its children do."""
 
     def __init__(self, watched: Iterable[int] = ()) -> None:
         self.watched = list(watched)
-        self._begin: tuple[float, float] | None = None
+        self._begin: tuple[float, float, float] | None = None
         self.own_s: float | None = None
         self.watched_s: float | None = None
+        self.children_s: float | None = None
 
-    def _now(self) -> tuple[float, float]:
-        return time.process_time(), tree_cpu_seconds(self.watched)
+    def _now(self) -> tuple[float, float, float]:
+        return (time.process_time(), *tree_cpu_seconds(self.watched))
 
     def begin(self) -> None:
         self._begin = self._now()
@@ -68,6 +74,8 @@ class CpuWindow:
     def end(self) -> None:
         if self._begin is None:
             return
-        own, watched = self._now()
+        own, watched, children = self._now()
         self.own_s = own - self._begin[0]
-        self.watched_s = watched - self._begin[1] if self.watched else None
+        if self.watched:
+            self.watched_s = watched - self._begin[1]
+            self.children_s = children - self._begin[2]
