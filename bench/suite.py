@@ -229,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
             input_file = work / f"{model}-input.npy"
             np.save(input_file, np.random.default_rng(0).standard_normal(shape).astype(np.float32))
             response = work / f"{model}-response.pb"
-            before = in_process_ceiling(model, base, input_file, response, max(opts.seconds / 2, 0.3))
+            ceiling_s = max(opts.seconds / 2, 0.3)  # per batch size
+            before = in_process_ceiling(model, base, input_file, response, ceiling_s)
             levels = [int(c) for c in opts.concurrency.split(",")]
             servers = start_servers(base, response, work, model, opts.server_flags.split())
             runs: dict[str, list[list[dict[str, Any]]]] = {label: [[] for _ in levels] for label in servers}
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                 for process, _ in servers.values():
                     process.stop()
             # the machine's speed drifts: the ratios use the higher ceiling
-            after = in_process_ceiling(model, base, input_file, response, max(opts.seconds / 2, 0.3))
+            after = in_process_ceiling(model, base, input_file, response, ceiling_s)
             results[model] = {"inprocess": {b: max(before[b], after[b]) for b in before},
                               "inprocess_runs": [before, after],
                               **{label: [median_run(r) for r in label_runs] for label, label_runs in runs.items()}}
