@@ -51,6 +51,9 @@ _WIRE = {d.numpy: d for d in _TABLE if d.enum != types_pb2.DT_STRING}
 # fields added by newer TensorFlow versions (float8_val, ...) are refused too, not silently ignored.
 _VALUE_FIELDS = frozenset(f.name for f in tensor_pb2.TensorProto.DESCRIPTOR.fields) - {
     "dtype", "tensor_shape", "version_number"}
+_FAST_FIELD_NUMBERS = tuple(tensor_pb2.TensorProto.DESCRIPTOR.fields_by_name[name].number
+                            for name in ("dtype", "tensor_shape", "tensor_content"))
+"""The fields of a tensor sent the usual way, in the order ListFields() returns them."""
 
 
 def dtype_name(enum: int) -> str:
@@ -170,14 +173,24 @@ def to_ndarray(proto: tensor_pb2.TensorProto, *, name: str, max_bytes: int) -> n
 def _from_tensor_content(proto: tensor_pb2.TensorProto, max_bytes: int) -> np.ndarray | None:
     """The common case, checked in a few operations: a numeric dtype, a known shape and exactly
     dtype, tensor_shape and a tensor_content of the right length set. None sends anything else,
-    well-formed or not, through the full checks (which name what is wrong)."""
-    content = proto.tensor_content
-    entry = _BY_ENUM.get(proto.dtype)
-    if not content or entry is None or entry.enum == types_pb2.DT_STRING or len(proto.ListFields()) != 3:
+    well-formed or not, through the full checks (which name what is wrong).
+
+    The three fields come from one ListFields() call, in field-number order: every read of
+    `tensor_content` copies its bytes, and this way they are copied once, not twice. (Reading it
+    and then counting ListFields() copied 110 KB CNN tensors twice; at 64 clients that line drew
+    44 of the event loop thread's 1,263 py-spy samples, the parse of the whole request 25.)"""
+    fields = proto.ListFields()
+    if len(fields) != 3:
         return None
-    if proto.tensor_shape.unknown_rank:
+    (dtype_field, dtype), (shape_field, shape_proto), (content_field, content) = fields
+    if (dtype_field.number, shape_field.number, content_field.number) != _FAST_FIELD_NUMBERS:
         return None
-    shape = tuple([d.size for d in proto.tensor_shape.dim])
+    entry = _BY_ENUM.get(dtype)
+    if not content or entry is None or entry.enum == types_pb2.DT_STRING:
+        return None
+    if shape_proto.unknown_rank:
+        return None
+    shape = tuple([d.size for d in shape_proto.dim])
     if len(content) > max_bytes or len(shape) > MAX_RANK or min(shape, default=0) < 0:
         return None
     if len(content) != math.prod(shape) * entry.numpy.itemsize:

@@ -395,6 +395,20 @@ def test_both_tensor_content_and_typed_values() -> None:
     assert "both tensor_content and float_val" in message
 
 
+def test_tensor_content_and_typed_values_without_a_shape() -> None:
+    # dtype, tensor_content and float_val are three fields, like the usual dtype, tensor_shape and
+    # tensor_content: the fast path must not take one for the other and drop float_val.
+    content = np.ones(1, dtype="<f4").tobytes()
+    message = refusal(tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, tensor_content=content, float_val=[2.0]))
+    assert "both tensor_content and float_val" in message
+
+
+def test_version_number_is_ignored_beside_tensor_content() -> None:
+    tensor = proto(types_pb2.DT_FLOAT, [2], tensor_content=np.array([1, 2], "<f4").tobytes())
+    tensor.version_number = 7
+    np.testing.assert_array_equal(to_ndarray(tensor, name="x", max_bytes=LIMIT), np.array([1, 2], np.float32))
+
+
 def test_tensor_content_with_string_dtype() -> None:
     message = refusal(proto(types_pb2.DT_STRING, [1], tensor_content=b"abc"))
     assert "DT_STRING" in message
