@@ -146,3 +146,34 @@ def test_small_batches_wait_while_another_batch_runs_and_go_when_it_ends(
         await b.drain()
 
     asyncio.run(main())
+
+
+def test_small_batches_do_not_wait_for_a_batch_that_outlasts_the_wait(
+    model: FakeModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches of 0.6 s against a 0.2 s longest wait: after two of them the average batch time
+    (0.12, then 0.22 s) passes the wait, so a small batch no longer waits for the running one
+    (it could not outwait it) and goes at once into the free slot. Two model threads, so the
+    second batch can run beside the first."""
+    monkeypatch.setattr(batcher_module, "AUTO_WAIT_MIN_S", 0.2)
+
+    def slow(key: Any, batch: dict[str, Any]) -> dict[str, Any]:
+        time.sleep(0.6)
+        return {"y": batch["x"] * 2}
+
+    model.respond = slow
+
+    async def main(executor: ThreadPoolExecutor) -> None:
+        b = start(model, executor, max_inflight=2, max_auto_wait_s=0.2)
+        await crowd(b, model, 100, rows=6)  # batches of 1 then 6 rows: average 2.0, small
+        running = asyncio.create_task(b.submit("k", request(200, 1), 1))
+        await until(lambda: int(model.calls[-1].x[0, 0]) == 200)  # the model is idle: at once
+        t0 = time.monotonic()
+        beside = asyncio.create_task(b.submit("k", request(300, 1), 1))
+        await until(lambda: int(model.calls[-1].x[0, 0]) == 300)
+        assert model.calls[-1].at - t0 < 0.1, "waited although the running batch outlasts the wait"
+        await asyncio.gather(running, beside)
+        await b.drain()
+
+    with ThreadPoolExecutor(2, thread_name_prefix="fake-model") as executor:
+        asyncio.run(main(executor))
