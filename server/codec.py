@@ -119,8 +119,9 @@ def to_ndarray(proto: tensor_pb2.TensorProto, *, name: str, max_bytes: int) -> n
             f"the limit is {max_bytes} bytes per tensor"
         )
 
-    present = {f.name for f, _ in proto.ListFields() if f.name in _VALUE_FIELDS}
-    stray = present - {entry.field, "tensor_content"}
+    # Values by field name, from one ListFields() call: reading tensor_content again would copy it.
+    present = {f.name: value for f, value in proto.ListFields() if f.name in _VALUE_FIELDS}
+    stray = present.keys() - {entry.field, "tensor_content"}
     if entry.enum == types_pb2.DT_STRING and "tensor_content" in present:
         stray.add("tensor_content")
     if stray:
@@ -132,13 +133,14 @@ def to_ndarray(proto: tensor_pb2.TensorProto, *, name: str, max_bytes: int) -> n
         if entry.field in present:
             raise InvalidInput(f"{where}: both tensor_content and {entry.field} are set; use one")
         expected = count * entry.numpy.itemsize
-        got = len(proto.tensor_content)
+        content = present["tensor_content"]
+        got = len(content)
         if got != expected:
             raise InvalidInput(
                 f"{where}: tensor_content has {got} bytes; shape {list(shape)} of "
                 f"{dtype_name(entry.enum)} needs {expected}"
             )
-        return np.frombuffer(proto.tensor_content, dtype=entry.numpy).reshape(shape)
+        return np.frombuffer(content, dtype=entry.numpy).reshape(shape)
 
     values = getattr(proto, entry.field)
     n = len(values)
