@@ -177,3 +177,43 @@ def test_small_batches_do_not_wait_for_a_batch_that_outlasts_the_wait(
 
     with ThreadPoolExecutor(2, thread_name_prefix="fake-model") as executor:
         asyncio.run(main(executor))
+
+
+@pytest.mark.parametrize(("rows", "waits"), [(1, True), (64, False)], ids=["one row waits", "a full batch goes"])
+def test_with_short_batches_a_batch_waits_for_the_running_one_past_the_wait(
+    model: FakeModel, monkeypatch: pytest.MonkeyPatch, rows: int, waits: bool
+) -> None:
+    """Crowded batches (1 then 40 rows: average 8.8) that end within the longest wait (the fake
+    model is instant): a second batch does not start beside a running one, even once its own
+    wait (the 0.02 s floor) is over; it goes when the running batch ends, with every row that came
+    meanwhile. A full batch has nothing to wait for and takes the free slot at once. Two model
+    threads, so a second batch could run beside the first."""
+    monkeypatch.setattr(batcher_module, "AUTO_WAIT_MIN_S", 0.02)
+
+    async def main(executor: ThreadPoolExecutor) -> None:
+        b = start(model, executor, max_inflight=2)
+        await crowd(b, model, 100)
+        model.gate.clear()
+        running = asyncio.create_task(b.submit("k", request(200, 1), 1))
+        await until(lambda: int(model.calls[-1].x[0, 0]) == 200)  # after its 0.02 s; now held
+        t0 = time.monotonic()
+        second = asyncio.create_task(b.submit("k", request(300, rows), rows))
+        if not waits:
+            await until(lambda: int(model.calls[-1].x[0, 0]) == 300)
+            assert model.calls[-1].at - t0 < 0.05
+            model.gate.set()
+            await asyncio.gather(running, second)
+            return await b.drain()
+        await asyncio.sleep(0.1)
+        assert int(model.calls[-1].x[0, 0]) == 200, "started beside a short running batch"
+        third = asyncio.create_task(b.submit("k", request(400, 1), 1))
+        await asyncio.sleep(0.01)
+        opened = time.monotonic()
+        model.gate.set()  # the running batch ends: the waiting one goes at once, with both rows
+        await asyncio.gather(running, second, third)
+        assert model.batches()[-1] == [300, 400]
+        assert model.calls[-1].at - opened < 0.05
+        await b.drain()
+
+    with ThreadPoolExecutor(2, thread_name_prefix="fake-model") as executor:
+        asyncio.run(main(executor))
