@@ -8,10 +8,10 @@ Policy (see architecture.md, examples 2-5):
   more rows; a batch that is full goes at once. Because the wait counts from the first row's
   arrival, rows that queued while the model was busy go out without further delay.
 - With no timeout (the default) a batch goes at once while requests arrive one at a time, and
-  waits briefly, bounded by `max_auto_wait_s`, once they arrive together. While batches are
-  shorter than that bound, a batch that is not full also waits for a running batch to end
-  instead of starting beside it; while batches stay small, that is all it waits for; and once
-  batches take longer than the bound, small batches do not wait at all (see _dispatch_at).
+  waits briefly, bounded by `max_auto_wait_s`, once they arrive together; while batches stay
+  small, only as long as another batch is executing, and not at all once batches take longer
+  than that bound. Larger batches that are shorter than the bound also wait for a running batch
+  to end instead of starting beside it (see _dispatch_at).
 - At most `max_inflight` batches execute at once; while they run, the next batch keeps filling.
 - The queue is bounded in rows: a request that would overflow it is refused at once (Overloaded).
   A request that dies while queued (cancelled, or past its deadline) gives its rows back at once.
@@ -315,25 +315,26 @@ class Batcher:
         the running batch anyway, only start beside it max_auto_wait_s later (the CNN at 4
         clients, side by side, 8 rounds: 515 against 484 req/s, 6 rounds of 8 won, against 509
         with batching off; the MLP, whose batches take ~1 ms, is not affected).
-        While batches are shorter than max_auto_wait_s, a batch that is not full never starts
-        beside a running one, whatever its size: it waits for that batch to end and takes every
-        row that came meanwhile. A second short batch saves no time, and two calls into
-        TensorFlow at once cost more CPU per row (the MLP at 64 clients, three rounds side by
-        side, each won: 3,385 / 3,385 / 2,435 against 2,516 / 3,274 / 1,699 req/s; the model
-        worker spent 125-191 µs of CPU per request against 135-309, all processes together
-        494-697 against 523-976; at 16 clients batches are small and nothing changed). Long
-        batches (a compute-bound model's) still run two at once, which fills the cores
-        TensorFlow leaves idle; and a full batch, which has nothing to wait for, takes a free
-        slot at once.
+        Once batches are not small, and while they are shorter than max_auto_wait_s, a batch
+        that is not full does not start beside a running one: it waits for that batch to end
+        (then for the rest of its own wait) and takes every row that came meanwhile. A second
+        short batch saves no time, and two calls into TensorFlow at once cost more CPU per row
+        (the MLP at 64 clients, three rounds side by side, each won: 3,385 / 3,385 / 2,435
+        against 2,516 / 3,274 / 1,699 req/s; the model worker spent 125-191 µs of CPU per
+        request against 135-309, all processes together 494-697 against 523-976). Long batches
+        (a compute-bound model's) still run two at once, which fills the cores TensorFlow leaves
+        idle; and a full batch, which has nothing to wait for, takes a free slot at once.
         """
         if self._timeout_s > 0:
             return first.enqueued_at + self._timeout_s
         if self._max_auto_wait_s <= 0 or self._batch_rows < CONCURRENT_ROWS:
             return first.enqueued_at
-        if self._executing and self._batch_seconds < self._max_auto_wait_s:
-            return math.inf  # until the running batch ends (or this one fills)
+        short = self._batch_seconds < self._max_auto_wait_s
         if self._batch_rows < SMALL_BATCH_ROWS:
-            return first.enqueued_at
+            if self._executing == 0 or not short:
+                return first.enqueued_at
+        elif self._executing and short:
+            return math.inf  # until the running batch ends (or this one fills)
         wait = max(AUTO_WAIT_MIN_S, AUTO_WAIT_BATCHES * self._batch_seconds)
         return first.enqueued_at + min(self._max_auto_wait_s, wait)
 
