@@ -36,9 +36,11 @@ class Settings:
     max_auto_wait_ms: float
     """With batch_timeout_ms 0: the longest a batch waits for more rows once batches carry several
     rows on average (4 average batch times, at least 1 ms; while they carry under 6, only as long as
-    another batch executes, and not at all once batches take longer than this). Once they carry 6
-    or more and are shorter than this, a batch that is not full also waits for a running batch to
-    end rather than start beside it. 0 turns the wait off."""
+    another batch executes, and not at all unless batches are short: under 3 ms and under this).
+    Once they carry 6 or more and are short, a batch that is not full also waits for a running
+    batch to end rather than start beside it. Any such wait ends early once no batch executes and
+    as many rows are queued as were present at once in recent batches (every client of a closed
+    loop is in). 0 turns the wait off."""
     max_inflight_batches: int
     """Batches executing at once; while they run, the next batch keeps filling. Default 2: on issue
     5's 2-core benchmark the compute-bound CNN gained ~11% at 64 clients. With the auto wait, short
@@ -145,12 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="longest wait for more rows after the first is queued; 0 (default) sends a batch as "
                         "soon as the model is free while requests come one at a time, rows accumulating "
                         "while it is busy (see --max-auto-wait-ms)")
-    p.add_argument("--max-auto-wait-ms", type=_non_negative_float, default=3.0,
+    p.add_argument("--max-auto-wait-ms", type=_non_negative_float, default=10.0,
                    help="with --batch-timeout-ms 0, once requests arrive together, the longest a batch waits "
                         "for more (4 average batch times, at least 1 ms; while batches carry under 6 rows, only "
-                        "while another batch executes, and not at all once batches take longer than this; once they "
-                        "carry 6 or more and are shorter than this, a batch that is not full also waits for a "
-                        "running one to end rather than start beside it; default 3; 0 = never wait)")
+                        "while another batch executes, and not at all unless batches are short: under 3 ms and "
+                        "this; once they carry 6 or more and are short, a batch that is not full also waits for "
+                        "a running one to end rather than start beside it; any wait ends once no batch executes "
+                        "and as many rows are queued as were present at once lately; default 10; 0 = never wait)")
     p.add_argument("--max-inflight-batches", type=_positive_int, default=2,
                    help="batches executing at once, each on its own warmed-up thread of the model worker "
                         "(default 2: while one batch waits on its slowest TensorFlow thread, the other "

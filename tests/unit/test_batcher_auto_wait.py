@@ -128,6 +128,7 @@ def test_small_batches_wait_while_another_batch_runs_and_go_when_it_ends(
     model: FakeModel, executor: ThreadPoolExecutor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(batcher_module, "AUTO_WAIT_MIN_S", 0.2)
+    monkeypatch.setattr(batcher_module, "SHORT_BATCH_S", 1.0)  # the gated crowd's batches count as short
 
     async def main() -> None:
         b = start(model, executor, max_inflight=2)
@@ -156,6 +157,7 @@ def test_small_batches_do_not_wait_for_a_batch_that_outlasts_the_wait(
     (it could not outwait it) and goes at once into the free slot. Two model threads, so the
     second batch can run beside the first."""
     monkeypatch.setattr(batcher_module, "AUTO_WAIT_MIN_S", 0.2)
+    monkeypatch.setattr(batcher_module, "SHORT_BATCH_S", 1.0)  # the longest wait decides, not this
 
     def slow(key: Any, batch: dict[str, Any]) -> dict[str, Any]:
         time.sleep(0.6)
@@ -189,6 +191,7 @@ def test_with_short_batches_a_batch_waits_for_the_running_one_past_the_wait(
     meanwhile. A full batch has nothing to wait for and takes the free slot at once. Two model
     threads, so a second batch could run beside the first."""
     monkeypatch.setattr(batcher_module, "AUTO_WAIT_MIN_S", 0.02)
+    monkeypatch.setattr(batcher_module, "SHORT_BATCH_S", 1.0)  # the gated crowd's batches count as short
 
     async def main(executor: ThreadPoolExecutor) -> None:
         b = start(model, executor, max_inflight=2)
@@ -217,3 +220,27 @@ def test_with_short_batches_a_batch_waits_for_the_running_one_past_the_wait(
 
     with ThreadPoolExecutor(2, thread_name_prefix="fake-model") as executor:
         asyncio.run(main(executor))
+
+
+def test_a_wait_ends_once_as_many_rows_are_queued_as_were_lately_present(
+    model: FakeModel, executor: ThreadPoolExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The crowd had 41 rows present at once (1 executing, 40 queued). With nothing executing, a
+    batch under a 5 s wait keeps waiting with 40 rows queued, and goes as soon as the 41st comes:
+    in a closed loop nobody else could."""
+    monkeypatch.setattr(batcher_module, "AUTO_WAIT_MIN_S", 5.0)
+
+    async def main() -> None:
+        b = start(model, executor, max_auto_wait_s=5.0)
+        await crowd(b, model, 100)  # batches of 1 then 40 rows: average 8.8, so the wait is on
+        calls = len(model.calls)
+        queued = [asyncio.create_task(b.submit("k", request(200 + i, 1), 1)) for i in range(40)]
+        await asyncio.sleep(0.3)
+        assert len(model.calls) == calls, "went before every row lately present was queued"
+        t0 = time.monotonic()
+        await asyncio.gather(*queued, b.submit("k", request(240, 1), 1))
+        assert model.batches()[-1] == list(range(200, 241))
+        assert model.calls[-1].at - t0 < 0.5
+        await b.drain()
+
+    asyncio.run(main())

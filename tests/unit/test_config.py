@@ -61,7 +61,7 @@ def test_all_flags() -> None:
     )
     assert s.batch_timeout_s == pytest.approx(0.0005)
     assert s.max_auto_wait_s == pytest.approx(0.0025)
-    assert parse().max_auto_wait_ms == 3.0
+    assert parse().max_auto_wait_ms == 10.0
     assert parse("--batch-timeout-ms", "0").batch_timeout_ms == 0.0
 
 
