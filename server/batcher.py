@@ -9,8 +9,8 @@ Policy (see architecture.md, examples 2-5):
   arrival, rows that queued while the model was busy go out without further delay.
 - With no timeout (the default) a batch goes at once while requests arrive one at a time, and
   waits briefly, bounded by `max_auto_wait_s`, once they arrive together; while batches stay
-  small, only as long as another batch is executing, and not at all once batches take longer
-  than that bound. Larger batches that are short also wait for a running batch to end instead
+  small, only as long as another batch is executing, and not at all unless batches are short
+  (see SHORT_BATCH_S). Larger batches that are short also wait for a running batch to end instead
   of starting beside it (see _dispatch_at). A wait ends early once no batch executes and as
   many rows are queued as were lately present at once (see _all_present).
 - At most `max_inflight` batches execute at once; while they run, the next batch keeps filling.
@@ -194,7 +194,9 @@ class Batcher:
         self._present_peak = 0
         """The most rows present at once (queued or executing) since the last batch was taken..."""
         self._present_peaks: deque[int] = deque(maxlen=PRESENT_WINDOW_BATCHES)
-        """...and the same for each of the last batches."""
+        """...and the same for each of the last batches..."""
+        self._all_present_rows = math.inf
+        """...whose largest is the rows that end a wait early (none until a batch was taken)."""
         self._batch_seconds = 0.0
         """Moving average of a batch's execution time."""
         self._batch_rows = 1.0
@@ -310,6 +312,7 @@ class Batcher:
             self._executing += 1
             self._executing_rows += rows
             self._present_peaks.append(self._present_peak)
+            self._all_present_rows = max(self._present_peaks)
             self._present_peak = self._queued_rows + self._executing_rows
             task = asyncio.get_running_loop().create_task(self._execute(key, slices, rows))
             self._inflight.add(task)
@@ -329,17 +332,16 @@ class Batcher:
         with a few clients the rows that could come are usually queued already, so an idle
         model kept waiting was pure delay (4 clients, side by side, median of 3: the MLP went
         from 543 to 898 req/s, against 880 with batching off; the CNN from 391 to 555, against
-        525; even at 16 and 64 clients). And when batches are not short (they take
-        SHORT_BATCH_S or longer, or longer than the longest wait), a small batch goes at once into
-        the free slot: it could not outwait the running batch anyway, or would only start beside
-        it a few ms later (the CNN at 4
-        clients, side by side, 8 rounds: 515 against 484 req/s, 6 rounds of 8 won, against 509
-        with batching off; the MLP, whose batches take ~1 ms, is not affected).
+        525; even at 16 and 64 clients). And when batches are not short (they take SHORT_BATCH_S
+        or longer, or longer than the longest wait), a small batch goes at once into the free
+        slot: it could not outwait the running batch anyway, or would only start beside it a few
+        ms later (the CNN at 4 clients, side by side, 8 rounds: 515 against 484 req/s, 6 rounds
+        of 8 won, against 509 with batching off; the MLP, whose batches take ~1 ms, is not
+        affected).
         Once batches are not small, and while they are short (under SHORT_BATCH_S and
         max_auto_wait_s), a batch that is not full does not start beside a running one: it waits
         for that batch to end (then for the rest of its own wait) and takes every row that came
-        meanwhile. A second
-        short batch saves no time, and two calls into TensorFlow at once cost more CPU per row
+        meanwhile. A second short batch saves no time, and two calls into TensorFlow at once cost more CPU per row
         (the MLP at 64 clients, three rounds side by side, each won: 3,385 / 3,385 / 2,435
         against 2,516 / 3,274 / 1,699 req/s; the model worker spent 125-191 µs of CPU per
         request against 135-309, all processes together 494-697 against 523-976). Long batches
@@ -367,8 +369,8 @@ class Batcher:
         This is what lets the wait be long enough to gather large batches under heavy load
         without taxing a few clients (16 MLP clients, side by side: 2,509 against 2,139 req/s
         with a 3 ms wait, and 1,030 with a 10 ms one without this)."""
-        return (self._timeout_s == 0 and self._executing == 0 and bool(self._present_peaks)
-                and self._key_rows.get(key, 0) >= max(self._present_peaks))
+        return (self._timeout_s == 0 and self._executing == 0
+                and self._key_rows.get(key, 0) >= self._all_present_rows)
 
     def _oldest_key(self) -> tuple[Hashable, _Request] | None:
         """The key whose head request has waited longest, sweeping dead heads."""
