@@ -19,10 +19,14 @@ TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 def process_cpu_seconds(pid: int) -> float:
     """utime + stime of one process (all its threads); 0 if it is gone."""
+    return _cpu_or_none(pid) or 0.0
+
+
+def _cpu_or_none(pid: int) -> float | None:
     try:
         stat = (PROC / str(pid) / "stat").read_text()
     except OSError:
-        return 0.0
+        return None
     fields = stat[stat.rindex(")") + 2:].split()  # the command name may contain spaces
     return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
 
@@ -45,28 +49,41 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def tree_cpu_seconds(pids: Iterable[int]) -> tuple[float, float]:
-    """CPU seconds of the given processes, and of all their descendants."""
+def tree_cpu_by_pid(pids: Iterable[int]) -> tuple[dict[int, float], dict[int, float]]:
+    """CPU seconds of each given process and of each of their descendants, live ones only."""
     pids = list(pids)
     below = {p for pid in pids for p in descendants(pid)} - set(pids)
-    return sum(map(process_cpu_seconds, pids)), sum(map(process_cpu_seconds, below))
+
+    def live(group: Iterable[int]) -> dict[int, float]:
+        return {pid: cpu for pid in group if (cpu := _cpu_or_none(pid)) is not None}
+
+    return live(pids), live(below)
+
+
+def cpu_used(before: dict[int, float], after: dict[int, float]) -> float | None:
+    """CPU used between two per-process samples; None if a process of the first has ended since:
+    its last seconds are lost with it, and a difference would understate, even below zero."""
+    if not before.keys() <= after.keys():
+        return None
+    return sum(after.values()) - sum(before.values())
 
 
 class CpuWindow:
     """CPU used between `begin()` and `end()`: by this process, by the watched processes, and by
     their descendants. A server and its model worker are kept apart because each Python process
     runs its Python code one thread at a time: a server process that uses about one core is
-    saturated, whatever its children do."""
+    saturated, whatever its children do. A figure is None when a process it covers ended within
+    the window (a server killed mid-run), rather than a difference that makes no sense."""
 
     def __init__(self, watched: Iterable[int] = ()) -> None:
         self.watched = list(watched)
-        self._begin: tuple[float, float, float] | None = None
+        self._begin: tuple[float, dict[int, float], dict[int, float]] | None = None
         self.own_s: float | None = None
         self.watched_s: float | None = None
         self.children_s: float | None = None
 
-    def _now(self) -> tuple[float, float, float]:
-        return (time.process_time(), *tree_cpu_seconds(self.watched))
+    def _now(self) -> tuple[float, dict[int, float], dict[int, float]]:
+        return (time.process_time(), *tree_cpu_by_pid(self.watched))
 
     def begin(self) -> None:
         self._begin = self._now()
@@ -77,5 +94,5 @@ class CpuWindow:
         own, watched, children = self._now()
         self.own_s = own - self._begin[0]
         if self.watched:
-            self.watched_s = watched - self._begin[1]
-            self.children_s = children - self._begin[2]
+            self.watched_s = cpu_used(self._begin[1], watched)
+            self.children_s = cpu_used(self._begin[2], children)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from client.bench import summarize
-from client.cpu import CpuWindow, descendants, process_cpu_seconds, tree_cpu_seconds
+from client.cpu import CpuWindow, cpu_used, descendants, process_cpu_seconds, tree_cpu_by_pid
 
 BURN = ("import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
         "print('done', flush=True)\ntime.sleep(30)")
@@ -25,8 +25,10 @@ def test_a_childs_cpu_counts_in_its_parents_tree() -> None:
         assert child.stdout is not None and child.stdout.readline().strip() == "done"
         assert child.pid in descendants(os.getpid())
         assert process_cpu_seconds(child.pid) >= 0.25
-        itself, below = tree_cpu_seconds([os.getpid()])
-        assert itself == pytest.approx(process_cpu_seconds(os.getpid()), abs=0.05) and below >= 0.25
+        itself, below = tree_cpu_by_pid([os.getpid()])
+        assert list(itself) == [os.getpid()] and child.pid in below
+        assert itself[os.getpid()] == pytest.approx(process_cpu_seconds(os.getpid()), abs=0.05)
+        assert below[child.pid] >= 0.25
     finally:
         child.kill()
         child.wait()
@@ -49,6 +51,26 @@ def test_a_window_measures_own_watched_and_childrens_cpu() -> None:
     assert window.own_s is not None and 0.1 <= window.own_s < 1.0
     assert window.watched_s is not None and 0.05 <= window.watched_s < 1.0  # /proc counts in 10 ms ticks
     assert window.children_s is not None and window.children_s >= 0.2  # the child's burn, less start-up
+
+
+def test_cpu_used_is_unknown_once_a_process_of_the_first_sample_has_ended() -> None:
+    assert cpu_used({1: 1.0, 2: 2.0}, {1: 1.5, 2: 2.25, 3: 0.25}) == pytest.approx(1.0)  # 3 is new
+    assert cpu_used({1: 1.0, 2: 2.0}, {1: 1.5}) is None
+    assert cpu_used({}, {}) == 0.0
+
+
+def test_a_window_over_a_process_that_ends_within_it_reports_no_figure() -> None:
+    child = subprocess.Popen([sys.executable, "-c", BURN], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "done"
+        window = CpuWindow([child.pid])
+        window.begin()
+    finally:
+        child.kill()
+        child.wait()
+    window.end()
+    assert window.own_s is not None and window.own_s >= 0.0
+    assert window.watched_s is None  # was 0 - 0.3 s before: a negative CPU per request
 
 
 def test_cpu_is_shared_out_over_the_windows_calls() -> None:
