@@ -192,13 +192,15 @@ def report(results: dict[str, Any], opts: argparse.Namespace) -> str:
                 f"| {default['p99_ms']:.2f} |")
         lines += ["", "CPU per request in µs over the measured window of the median run; in brackets, the cores "
                   "the server process itself used (its Python threads share one GIL, so about 1 means saturated):",
-                  "", "| clients | load generator (default's run) | fixed-response server | batching off: server "
-                  "| batching off: model worker | default: server | default: model worker |",
-                  "|---|---|---|---|---|---|---|"]
+                  "", "| clients | fixed-response: load generator | fixed-response: server "
+                  "| batching off: load generator | batching off: server | batching off: model worker "
+                  "| default: load generator | default: server | default: model worker |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for fixed, off, default in zip(r["fixed"], r["off"], r["default"], strict=True):
-            lines.append(f"| {default['concurrency']} | {cpu(default, 'client_cpu_us')} | {server_cpu(fixed)} "
-                         f"| {server_cpu(off)} | {cpu(off, 'server_children_cpu_us')} "
-                         f"| {server_cpu(default)} | {cpu(default, 'server_children_cpu_us')} |")
+            lines.append(f"| {default['concurrency']} | {cpu(fixed, 'client_cpu_us')} | {server_cpu(fixed)} "
+                         f"| {cpu(off, 'client_cpu_us')} | {server_cpu(off)} | {cpu(off, 'server_children_cpu_us')} "
+                         f"| {cpu(default, 'client_cpu_us')} | {server_cpu(default)} "
+                         f"| {cpu(default, 'server_children_cpu_us')} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -37,6 +37,7 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
     table = (tmp_path / "results.md").read_text()
     print(table)
     assert "| 1 |" in table and "| 4 |" in table and "default / fixed" in table and "CPU per request" in table
+    assert "fixed-response: load generator" in table  # the client's CPU in each server's runs
 
 
 def test_client_bench_open_loop(server_for, tmp_path: Path) -> None:
