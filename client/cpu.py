@@ -17,12 +17,8 @@ PROC = Path("/proc")
 TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def process_cpu_seconds(pid: int) -> float:
-    """utime + stime of one process (all its threads); 0 if it is gone."""
-    return _cpu_or_none(pid) or 0.0
-
-
-def _cpu_or_none(pid: int) -> float | None:
+def process_cpu_seconds(pid: int) -> float | None:
+    """utime + stime of one process (all its threads); None if it is gone."""
     try:
         stat = (PROC / str(pid) / "stat").read_text()
     except OSError:
@@ -55,7 +51,7 @@ def tree_cpu_by_pid(pids: Iterable[int]) -> tuple[dict[int, float], dict[int, fl
     below = {p for pid in pids for p in descendants(pid)} - set(pids)
 
     def live(group: Iterable[int]) -> dict[int, float]:
-        return {pid: cpu for pid in group if (cpu := _cpu_or_none(pid)) is not None}
+        return {pid: cpu for pid in group if (cpu := process_cpu_seconds(pid)) is not None}
 
     return live(pids), live(below)
 
