@@ -341,12 +341,13 @@ class Batcher:
         Once batches are not small, and while they are short (under SHORT_BATCH_S and
         max_auto_wait_s), a batch that is not full does not start beside a running one: it waits
         for that batch to end (then for the rest of its own wait) and takes every row that came
-        meanwhile. A second short batch saves no time, and two calls into TensorFlow at once cost more CPU per row
-        (the MLP at 64 clients, three rounds side by side, each won: 3,385 / 3,385 / 2,435
-        against 2,516 / 3,274 / 1,699 req/s; the model worker spent 125-191 µs of CPU per
-        request against 135-309, all processes together 494-697 against 523-976). Long batches
-        (a compute-bound model's) still run two at once, which fills the cores TensorFlow leaves
-        idle; and a full batch, which has nothing to wait for, takes a free slot at once.
+        meanwhile. A second short batch saves no time, and two calls into TensorFlow at once
+        cost more CPU per row (the MLP at 64 clients, three rounds side by side, each won: 3,385
+        / 3,385 / 2,435 against 2,516 / 3,274 / 1,699 req/s; the model worker spent 125-191 µs
+        of CPU per request against 135-309, all processes together 494-697 against 523-976).
+        Long batches (a compute-bound model's) still run two at once, which fills the cores
+        TensorFlow leaves idle; and a full batch, which has nothing to wait for, takes a free
+        slot at once.
         """
         if self._timeout_s > 0:
             return first.enqueued_at + self._timeout_s
