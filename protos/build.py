@@ -1,6 +1,6 @@
 """Compile the .proto sources in this folder into Python modules beside them.
 
-Our protos import TensorFlow's own `tensor.proto` and `meta_graph.proto`. The TensorFlow wheel
+Our protos import TensorFlow's own `tensor.proto`, `meta_graph.proto` and `error_codes.proto`. The TensorFlow wheel
 ships only their compiled modules, not the sources, so we hand protoc the descriptors that the
 installed TensorFlow registers at run time (`--descriptor_set_in`). The generated code then binds
 to exactly the message definitions the server process uses, and nothing is copied.
@@ -28,7 +28,7 @@ GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 def _tensorflow_descriptor_set() -> bytes:
     """Serialize the installed TensorFlow's descriptors for the files our protos import."""
     from tensorflow.core.framework import tensor_pb2
-    from tensorflow.core.protobuf import meta_graph_pb2
+    from tensorflow.core.protobuf import error_codes_pb2, meta_graph_pb2
 
     seen: dict[str, FileDescriptor] = {}
 
@@ -41,6 +41,7 @@ def _tensorflow_descriptor_set() -> bytes:
 
     visit(tensor_pb2.DESCRIPTOR)
     visit(meta_graph_pb2.DESCRIPTOR)
+    visit(error_codes_pb2.DESCRIPTOR)
     fds = descriptor_pb2.FileDescriptorSet()
     for fd in seen.values():
         fd.CopyToProto(fds.file.add())
