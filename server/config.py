@@ -20,9 +20,16 @@ ENV_PREFIX = "MIRRORSERVE_"
 @dataclass(frozen=True)
 class Settings:
     model_base_path: str | None
-    """TF Serving layout BASE/<version>/saved_model.pb; None serves the built-in demo model."""
+    """TF Serving layout BASE/<version>/saved_model.pb; None (and no config file) serves the
+    built-in demo model."""
     model_name: str
-    """Name clients put in model_spec.name."""
+    """Name clients put in model_spec.name (the one-model shorthand)."""
+    model_config_file: str | None
+    """TF Serving's ModelServerConfig text file: several models, version policies and labels."""
+    file_system_poll_wait_seconds: float
+    """How often version folders are re-read for new and removed versions; 0 reads them once."""
+    model_config_file_poll_wait_seconds: float
+    """How often the config file is re-read (applied when it changed); 0 reads it once."""
     port: int
     """gRPC port; 0 picks a free one (logged at start)."""
     replicas: int | None
@@ -128,16 +135,24 @@ def _optional_port(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m server",
-        description="Serve a TensorFlow SavedModel over TensorFlow Serving's gRPC Predict API.",
+        description="Serve TensorFlow SavedModels over TensorFlow Serving's gRPC API (Predict, ModelService).",
         epilog=f"Each flag may also be set as an environment variable {ENV_PREFIX}<FLAG_NAME>, "
         f"e.g. {ENV_PREFIX}MAX_BATCH_SIZE=64.",
     )
     p.add_argument("--model-base-path", default=None,
-                   help="folder with numeric version subfolders (BASE/1/saved_model.pb); "
+                   help="one model: a folder with numeric version subfolders (BASE/1/saved_model.pb); "
                         "the highest version is served. Default: the built-in demo model")
     p.add_argument("--model-name", default=None,
                    help="name clients address (default: 'demo' for the demo model, "
                         "else the base folder's name)")
+    p.add_argument("--model-config-file", default=None,
+                   help="several models: a TensorFlow Serving ModelServerConfig text file (names, base paths, "
+                        "version policies, labels); replaces --model-base-path/--model-name")
+    p.add_argument("--file-system-poll-wait-seconds", type=_non_negative_float, default=1.0,
+                   help="re-read version folders this often to load new versions and unload removed ones "
+                        "(default 1; 0 = read once)")
+    p.add_argument("--model-config-file-poll-wait-seconds", type=_non_negative_float, default=0.0,
+                   help="re-read --model-config-file this often and apply it when it changed (default 0: once)")
     p.add_argument("--port", type=_port, default=8500, help="gRPC port (default 8500; 0 = any free port)")
     p.add_argument("--replicas", type=_positive_int, default=None,
                    help="number of replicas (default: number of GPUs, else 1; on CPU, logical CPU devices)")
@@ -220,7 +235,11 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
     if ns.drain_delay_s >= ns.grace_period_s:
         parser.error(f"--drain-delay-s ({ns.drain_delay_s}) must be shorter than --grace-period-s "
                      f"({ns.grace_period_s})")
-    if ns.model_name is None:
+    if ns.model_config_file is not None and (ns.model_base_path is not None or ns.model_name is not None):
+        parser.error("--model-config-file replaces --model-base-path and --model-name; give one or the other")
+    if ns.model_config_file is not None:
+        ns.model_name = ""
+    elif ns.model_name is None:
         ns.model_name = (
             "demo" if ns.model_base_path is None
             else os.path.basename(os.path.normpath(ns.model_base_path))

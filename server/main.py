@@ -1,10 +1,12 @@
 """Composition root and lifecycle.
 
-Start: the gRPC port opens first, with health NOT_SERVING and Predict answering UNAVAILABLE, so
-probes see the truth while TensorFlow loads. TensorFlow runs in a child process (server.model_worker:
-devices, the model under the strategy's scope, one runner per signature, warm-up); when it says
-ready, the batcher starts, health turns SERVING, and one start-up line is logged. If the worker
-dies, the server drains and exits 1, so the orchestrator restarts both.
+Start: the config is read and checked (a bad one exits 2, naming the line); the gRPC port opens,
+with health NOT_SERVING and Predict answering UNAVAILABLE, so probes see the truth while
+TensorFlow loads. TensorFlow runs in a child process (server.core.model_worker: devices, the strategy,
+then every model version the lifecycle asks for, warmed up); once every configured model has an
+AVAILABLE version, health turns SERVING and one start-up line is logged. From then on
+server.core.lifecycle polls version folders (and the config file) and rolls versions in and out. If
+the worker dies, the server drains and exits 1, so the orchestrator restarts both.
 
 Stop (SIGTERM or SIGINT), in the order of architecture.md, example 9: health NOT_SERVING while
 still accepting for --drain-delay-s; then refuse new RPCs and finish every accepted one (queued
@@ -19,21 +21,22 @@ import gc
 import logging
 import signal
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
+from pathlib import Path
 
 import grpc
 from prometheus_client import start_http_server
-from tensorflow.core.protobuf import meta_graph_pb2
 
 from server import event_loop, logs, metrics
-from server.assembly import Tensors, replica_bounds
-from server.batcher import Batcher
+from server.api.health import Health, add_health_and_reflection
+from server.api.tfs import PredictionServicer, add_to_server
+from server.api.tfs_model_service import ModelServiceServicer
+from server.api.tfs_model_service import add_to_server as add_model_service
 from server.config import Settings, parse_settings
-from server.health import Health, add_health_and_reflection
-from server.model_process import ModelProcess
-from server.prediction import Predictor
-from server.servicer import PredictionServicer, add_to_server
-from server.signatures import BatchKey
+from server.core import model_config
+from server.core.lifecycle import Lifecycle, check_base_paths
+from server.core.model_process import ModelProcess
+from server.core.servables import Registry
 
 log = logging.getLogger("server")
 
@@ -78,12 +81,14 @@ async def serve(settings: Settings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, request_stop, sig)
 
+    sources = _configured_sources(settings)
+    config_text = Path(settings.model_config_file).read_text() if settings.model_config_file else ""
+    registry = Registry()
     health = Health()
     await health.set_serving(False)
-    servicer = PredictionServicer(settings.model_name, settings.max_message_bytes)
+    servicer = PredictionServicer(registry, settings.max_message_bytes)
     server = grpc.aio.server(options=_grpc_options(settings), maximum_concurrent_rpcs=settings.max_concurrent_rpcs)
     add_to_server(servicer, server)
-    add_health_and_reflection(server, health)
     credentials = _server_credentials(settings)
     address = f"[::]:{settings.port}"
     port = server.add_insecure_port(address) if credentials is None else server.add_secure_port(address, credentials)
@@ -93,18 +98,8 @@ async def serve(settings: Settings) -> int:
     if settings.metrics_port >= 0:
         http_server, _ = start_http_server(settings.metrics_port)
         metrics_port = http_server.server_port
-    await server.start()
-    log.info("listening grpc_port=%d metrics_port=%d tls=%s; loading model (health NOT_SERVING)",
-             port, metrics_port, settings.tls_mode)
 
     exit_code = 0
-    traces_seen: dict[str, int] = {}
-
-    def count_traces(traces: dict[str, int]) -> None:
-        for name, total in traces.items():
-            if total > traces_seen.get(name, 0):
-                metrics.TRACES.labels(settings.model_name, name).inc(total - traces_seen.get(name, 0))
-                traces_seen[name] = total
 
     def worker_lost(why: str) -> None:
         nonlocal exit_code
@@ -114,60 +109,75 @@ async def serve(settings: Settings) -> int:
             stop_requested_at.append(time.monotonic())
         stop.set()
 
+    lifecycle: Lifecycle | None = None
+    tasks: list[asyncio.Task[None]] = []
+
+    def count_traces(servable_id: int, traces: dict[str, int]) -> None:
+        servable = lifecycle.servable(servable_id) if lifecycle is not None else None
+        if servable is None:
+            return
+        seen = servable.cache.setdefault("traces", {})
+        for name, total in traces.items():
+            if total > seen.get(name, 0):
+                metrics.TRACES.labels(servable.name, str(servable.version), name).inc(total - seen.get(name, 0))
+                seen[name] = total
+
     worker = ModelProcess(settings, on_traces=count_traces, on_lost=worker_lost)
+    announced = False
+
+    async def announce() -> None:
+        # Loading TensorFlow and the models leaves ~270k Python objects; one full garbage
+        # collection over them stalls the event loop for ~160 ms here. Collect once now and freeze
+        # the survivors out of every later collection, so no request pays for that pause.
+        gc.collect()
+        gc.freeze()
+        if stop.is_set():
+            return
+        registry.starting = False
+        await health.set_serving(True)
+        assert lifecycle is not None
+        effective = " ".join(f"{k}={v}" for k, v in dataclasses.asdict(settings).items())
+        log.info(
+            "serving model=%s version=%s signatures=%s path=%s grpc_port=%d metrics_port=%d replicas=%d "
+            "devices=%s max_batch_size=%d batch_timeout_ms=%g max_queued_rows=%d tls=%s | settings: %s",
+            *_describe(registry, lifecycle.configured), port, metrics_port, len(started.devices),
+            ",".join(started.devices), settings.max_batch_size, settings.batch_timeout_ms,
+            settings.max_queued_rows, settings.tls_mode, effective,
+        )
+
+    def models_changed() -> None:
+        nonlocal announced
+        if not announced and lifecycle is not None and lifecycle.every_model_available():
+            announced = True
+            tasks.append(loop.create_task(announce(), name="announce"))
+
+    add_model_service(ModelServiceServicer(registry, lambda: lifecycle), server)
+    add_health_and_reflection(server, health)
+    await server.start()
+    log.info("listening grpc_port=%d metrics_port=%d tls=%s; loading models (health NOT_SERVING)",
+             port, metrics_port, settings.tls_mode)
     try:
-        ready = await worker.start()
+        started = await worker.start()
     except BaseException:
         worker.close()
         await server.stop(0)
         raise
-    info = ready.info
-    count_traces(ready.traces)
-    signature_defs = {k: meta_graph_pb2.SignatureDef.FromString(v) for k, v in ready.signature_defs.items()}
-    served = sorted(set(info.signatures) - set(info.unservable))
-    ready_gauge = metrics.MODEL_READY.labels(info.name, str(info.version))
-    replica_rows = [metrics.REPLICA_ROWS.labels(info.name, str(i)) for i in range(len(ready.devices))]
-
-    async def run_batch(key: Hashable, parts: Sequence[Tensors]) -> tuple[Tensors, float]:
-        assert isinstance(key, BatchKey)
-        answer = await worker.run(key.signature, parts)
-        rows = sum(next(iter(part.values())).shape[0] for part in parts)
-        for counter, (lo, hi) in zip(replica_rows, replica_bounds(rows, len(replica_rows)), strict=True):
-            counter.inc(hi - lo)
-        return answer
-
-    batcher = Batcher(
-        run_batch,
-        max_batch_rows=settings.max_batch_size,
-        timeout_s=settings.batch_timeout_s,
-        max_auto_wait_s=settings.max_auto_wait_s,
-        max_queued_rows=settings.max_queued_rows,
-        max_inflight=settings.max_inflight_batches,
-        observer=metrics.BatcherMetrics(info.name),
-    )
-    # Loading TensorFlow and the model leaves ~270k Python objects; one full garbage collection over
-    # them stalls the event loop for ~160 ms here. Collect once now and freeze the survivors out of
-    # every later collection, so no request pays for that pause.
-    gc.collect()
-    gc.freeze()
-    batcher.start()
-    metrics.QUEUE_ROWS_LIMIT.labels(info.name).set(settings.max_queued_rows)
-    servicer.ready(Predictor(info, batcher), signature_defs)
-    if not stop.is_set():
-        await health.set_serving(True)
-        ready_gauge.set(1)
-    effective = " ".join(f"{k}={v}" for k, v in dataclasses.asdict(settings).items())
-    log.info(
-        "serving model=%s version=%d signatures=%s path=%s grpc_port=%d metrics_port=%d replicas=%d "
-        "devices=%s max_batch_size=%d batch_timeout_ms=%g max_queued_rows=%d tls=%s | settings: %s",
-        info.name, info.version, ",".join(served), ready.path, port, metrics_port,
-        len(ready.devices), ",".join(ready.devices), settings.max_batch_size, settings.batch_timeout_ms,
-        settings.max_queued_rows, settings.tls_mode, effective,
-    )
+    if sources is None:
+        assert started.demo_base_path is not None
+        sources = model_config.shorthand(started.demo_base_path, settings.model_name)
+    lifecycle = Lifecycle(settings, worker, registry, len(started.devices), on_change=models_changed)
+    tasks.append(loop.create_task(lifecycle.poll_versions(), name="poll-versions"))
+    problems = await lifecycle.apply(sources)
+    if problems:
+        log.warning("not serving yet (health NOT_SERVING); retrying: %s", "; ".join(problems))
+    if settings.model_config_file is not None:
+        tasks.append(loop.create_task(
+            lifecycle.poll_config_file(settings.model_config_file, config_text), name="poll-config"))
 
     await stop.wait()
+    for task in tasks:
+        task.cancel()
     await health.start_drain()
-    ready_gauge.set(0)
     log.info("draining: health NOT_SERVING; still accepting for %gs", settings.drain_delay_s)
     await asyncio.sleep(settings.drain_delay_s)
     # Refuse in our own handlers first (a clean UNAVAILABLE) while the accepted requests finish;
@@ -179,12 +189,41 @@ async def serve(settings: Settings) -> int:
     while servicer.in_flight and time.monotonic() < deadline:
         await asyncio.sleep(0.005)
     await server.stop(grace=max(deadline - time.monotonic(), 0.1))
-    await batcher.drain()
+    await lifecycle.drain()
     worker.close()
     lost = servicer.accepted - servicer.answered
     log.log(logging.WARNING if lost else logging.INFO,
             "drained: accepted=%d answered=%d", servicer.accepted, servicer.answered)
     return exit_code
+
+
+def _configured_sources(settings: Settings) -> list[model_config.ModelSource] | None:
+    """The start-up models (None: the demo model, whose folder the worker builds). A bad config
+    file or a missing base path stops the start with exit code 2, naming it."""
+    if settings.model_config_file is not None:
+        sources = model_config.read_config_file(settings.model_config_file)
+    elif settings.model_base_path is not None:
+        sources = model_config.shorthand(settings.model_base_path, settings.model_name)
+    else:
+        return None
+    check_base_paths(sources)
+    return sources
+
+
+def _describe(registry: Registry, names: Sequence[str]) -> tuple[str, str, str, str]:
+    """model, version, signatures and path fields of the start-up line: one value per model,
+    joined by ','; several versions of one model joined by '+'."""
+    models = [registry.models[n] for n in names if n in registry.models]
+    versions, signatures, paths = [], [], []
+    for model in models:
+        available = [model.versions[v] for v in model.available_versions()]
+        versions.append("+".join(str(s.version) for s in available))
+        paths.append("+".join(s.path for s in available))
+        default = model.default
+        served = [] if default is None or default.predictor is None else sorted(
+            set(default.predictor.model.signatures) - set(default.predictor.model.unservable))
+        signatures.append("+".join(served))
+    return ",".join(m.source.name for m in models), ",".join(versions), ",".join(signatures), ",".join(paths)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

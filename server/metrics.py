@@ -1,10 +1,14 @@
 """Prometheus metrics, declared once at import (architecture.md, example 12).
 
 Names carry base units, histograms have explicit buckets (aggregatable across pods, unlike
-summaries), and label sets are small and fixed: model, method, code, replica, version.
+summaries), and label sets are small and bounded: model and version (only configured models; a
+request for an unknown one counts under model=""), method, code, replica, reason, signature. The
+gauges of a version are removed when it is unloaded, so none lingers for versions long gone.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -13,75 +17,100 @@ LATENCY_BUCKETS = (
     0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
 )
 ROW_BUCKETS = tuple(float(2**i) for i in range(13))  # 1 .. 4096 rows
+LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0, 300.0)
 
 REQUESTS = Counter(
-    "mirrorserve_requests_total", "RPCs answered, by model, method and gRPC status code.",
-    ["model", "method", "code"],
+    "mirrorserve_requests_total",
+    "RPCs answered, by model, version (empty when none was resolved), method and gRPC status code.",
+    ["model", "version", "method", "code"],
 )
 REQUEST_SECONDS = Histogram(
     "mirrorserve_request_duration_seconds",
-    "Server-side time from receiving an RPC to its answer, by model and method.",
-    ["model", "method"], buckets=LATENCY_BUCKETS,
+    "Server-side time from receiving an RPC to its answer, by model, version and method.",
+    ["model", "version", "method"], buckets=LATENCY_BUCKETS,
 )
 QUEUE_SECONDS = Histogram(
     "mirrorserve_queue_duration_seconds",
     "Time a request spent in the batcher not computing: queued before its batch (and between its "
     "batches when it was split). Same value as the mirrorserve-queue-seconds trailer.",
-    ["model"], buckets=LATENCY_BUCKETS,
+    ["model", "version"], buckets=LATENCY_BUCKETS,
 )
 BATCH_SECONDS = Histogram(
     "mirrorserve_batch_duration_seconds", "Execution time of one batch across all replicas.",
-    ["model"], buckets=LATENCY_BUCKETS,
+    ["model", "version"], buckets=LATENCY_BUCKETS,
 )
 BATCH_ROWS = Histogram(
     "mirrorserve_batch_rows", "Rows per executed batch (all replicas together).",
-    ["model"], buckets=ROW_BUCKETS,
+    ["model", "version"], buckets=ROW_BUCKETS,
 )
 REPLICA_ROWS = Counter(
-    "mirrorserve_replica_rows_total", "Rows executed by each replica.", ["model", "replica"],
+    "mirrorserve_replica_rows_total", "Rows executed by each replica.", ["model", "version", "replica"],
 )
-QUEUE_ROWS = Gauge("mirrorserve_queue_rows", "Rows waiting for a batch.", ["model"])
+QUEUE_ROWS = Gauge("mirrorserve_queue_rows", "Rows waiting for a batch.", ["model", "version"])
 QUEUE_ROWS_LIMIT = Gauge(
     "mirrorserve_queue_rows_limit",
-    "The bound on queued rows (--max-queued-rows); queue_rows / this is how full the queue is.", ["model"],
-)
-QUEUE_REQUESTS = Gauge("mirrorserve_queue_requests", "Requests with rows waiting for a batch.", ["model"])
-BATCHES_IN_FLIGHT = Gauge("mirrorserve_batches_in_flight", "Batches executing now.", ["model"])
-MODEL_READY = Gauge(
-    "mirrorserve_model_ready", "1 while the model is loaded, warmed up and serving; 0 while loading or draining.",
+    "The bound on queued rows (--max-queued-rows); queue_rows / this is how full the queue is.",
     ["model", "version"],
+)
+QUEUE_REQUESTS = Gauge("mirrorserve_queue_requests", "Requests with rows waiting for a batch.", ["model", "version"])
+BATCHES_IN_FLIGHT = Gauge("mirrorserve_batches_in_flight", "Batches executing now.", ["model", "version"])
+MODEL_READY = Gauge(
+    "mirrorserve_model_ready",
+    "1 while the version is loaded, warmed up and serving; 0 while it loads, unloads or the server drains.",
+    ["model", "version"],
+)
+MODEL_LOADS = Counter(
+    "mirrorserve_model_loads_total", "Versions loaded and warmed up successfully.", ["model", "version"],
+)
+MODEL_LOAD_FAILURES = Counter(
+    "mirrorserve_model_load_failures_total",
+    "Failed loads of a version (corrupt or half-copied folder, ...); each retry that fails counts.",
+    ["model", "version"],
+)
+MODEL_LOAD_SECONDS = Histogram(
+    "mirrorserve_model_load_duration_seconds", "Time to load and warm up a version.",
+    ["model"], buckets=LOAD_BUCKETS,
 )
 DROPPED = Counter(
     "mirrorserve_dropped_requests_total",
     "Requests dropped before compute because their deadline passed or their client cancelled.",
-    ["model", "reason"],
+    ["model", "version", "reason"],
 )
 MODEL_FAILURES = Counter(
     "mirrorserve_model_failures_total",
     "Requests answered INTERNAL because the model failed on them (after isolating them from their batch).",
-    ["model"],
+    ["model", "version"],
 )
 TRACES = Counter(
     "mirrorserve_tf_function_traces_total",
-    "tf.function traces of the replica program; flat in steady state.", ["model", "signature"],
+    "tf.function traces of the replica program; flat in steady state.", ["model", "version", "signature"],
 )
+
+VERSION_GAUGES = (QUEUE_ROWS, QUEUE_ROWS_LIMIT, QUEUE_REQUESTS, BATCHES_IN_FLIGHT, MODEL_READY)
+
+
+def forget_version(model: str, version: str) -> None:
+    """Remove an unloaded version's gauges (its counters stay, so rates stay right)."""
+    for gauge in VERSION_GAUGES:
+        with contextlib.suppress(KeyError):
+            gauge.remove(model, version)
 
 
 class BatcherMetrics:
-    """The batcher's observer (server.batcher.BatchObserver), with the model label bound once."""
+    """The batcher's observer (server.core.batcher.BatchObserver), with the labels bound once."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, version: str) -> None:
         # The queue gauges are read when scraped rather than set on every change: the batcher
         # reports a change several times per request, and each set takes a lock.
         self.queued_rows = 0
         self.queued_requests = 0
-        QUEUE_ROWS.labels(model).set_function(lambda: self.queued_rows)
-        QUEUE_REQUESTS.labels(model).set_function(lambda: self.queued_requests)
-        self._in_flight = BATCHES_IN_FLIGHT.labels(model)
-        self._batch_rows = BATCH_ROWS.labels(model)
-        self._batch_seconds = BATCH_SECONDS.labels(model)
-        self._queue_seconds = QUEUE_SECONDS.labels(model)
-        self._dropped = {reason: DROPPED.labels(model, reason) for reason in ("deadline", "cancelled")}
+        QUEUE_ROWS.labels(model, version).set_function(lambda: self.queued_rows)
+        QUEUE_REQUESTS.labels(model, version).set_function(lambda: self.queued_requests)
+        self._in_flight = BATCHES_IN_FLIGHT.labels(model, version)
+        self._batch_rows = BATCH_ROWS.labels(model, version)
+        self._batch_seconds = BATCH_SECONDS.labels(model, version)
+        self._queue_seconds = QUEUE_SECONDS.labels(model, version)
+        self._dropped = {reason: DROPPED.labels(model, version, reason) for reason in ("deadline", "cancelled")}
 
     def queue_changed(self, rows: int, requests: int) -> None:
         self.queued_rows = rows

@@ -3,6 +3,7 @@
 Each is tiny and deterministic, made to expose one property of the server:
 - echo: returns its int64 rows unchanged, so a test can see whose rows came back, in what order.
 - multi: two float/int inputs, a second signature, and a string signature: input validation.
+- tagged: answers with its own version number: which version served a request (lifecycle).
 """
 
 from __future__ import annotations
@@ -78,4 +79,26 @@ class Slow(tf.Module):
 
 def build_slow(version_dir: Path) -> None:
     module = Slow()
+    tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.serve})
+
+
+class Tagged(tf.Module):
+    """Answers y = x + version and the version itself, so a response shows which version computed
+    it. Holds a 4 MB variable, so a version that is not freed on unload shows in memory."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__()
+        self.offset = tf.Variable(float(version), name="offset")
+        self.version = tf.Variable(version, dtype=tf.int64, name="version")
+        self.weights = tf.Variable(tf.zeros([1024, 1024]), name="weights")
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
+    def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+        rows = tf.shape(x)[0]
+        return {"y": x + self.offset + self.weights[0, 0], "version": tf.fill([rows], self.version)}
+
+
+def build_tagged(version_dir: Path, version: int) -> None:
+    """A model of the tagged family, saved as `version`."""
+    module = Tagged(version)
     tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.serve})

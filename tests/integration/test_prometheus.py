@@ -183,7 +183,7 @@ def test_dashboard_alert_and_autoscaler_queries_run_on_live_metrics(
         assert names and names <= exported, f"{expr!r} names metrics the server does not export: {names - exported}"
 
     for title, expr in [*queries, ("prometheus-adapter rule", adapter_expr)]:
-        local = expr.replace("$__rate_interval", "30s").replace("$namespace", ".*")
+        local = expr.replace("$__rate_interval", "30s").replace("$namespace", ".*").replace("$model", ".*")
         deadline = time.monotonic() + 30
         result = prometheus.series(local)
         while not result and title not in MAY_BE_EMPTY and time.monotonic() < deadline:

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from server.assembly import concat_rows
-from server.batcher import RunBatch
+from server.core.assembly import concat_rows
+from server.core.batcher import RunBatch
 from server.errors import Overloaded
 
 Tensors = dict[str, np.ndarray]

@@ -1,4 +1,4 @@
-"""server.assembly: replica row ranges, merging request rows, cutting outputs back apart."""
+"""server.core.assembly: replica row ranges, merging request rows, cutting outputs back apart."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from server.assembly import check_rows, concat_rows, replica_bounds, split_rows
+from server.core.assembly import check_rows, concat_rows, replica_bounds, split_rows
 from server.errors import ModelFailure
 
 

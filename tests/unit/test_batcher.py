@@ -1,4 +1,4 @@
-"""server.batcher.Batcher driven by a fake model on a one-thread executor.
+"""server.core.batcher.Batcher driven by a fake model on a one-thread executor.
 
 pytest-asyncio is not used: every test runs its own `asyncio.run(main())`.
 """
@@ -27,7 +27,7 @@ from batcher_fakes import (
     until,
 )
 
-from server.batcher import Batcher
+from server.core.batcher import Batcher
 from server.errors import ModelFailure, Unavailable
 
 pytestmark = pytest.mark.timeout(30)

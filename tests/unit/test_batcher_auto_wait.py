@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from batcher_fakes import FakeModel, on_thread, request, until
 
-from server import batcher as batcher_module
-from server.batcher import Batcher
+from server.core import batcher as batcher_module
+from server.core.batcher import Batcher
 
 pytestmark = pytest.mark.timeout(30)
 

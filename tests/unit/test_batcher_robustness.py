@@ -1,4 +1,4 @@
-"""server.batcher.Batcher under failure: deadlines, cancellation, bisection of failed batches, and
+"""server.core.batcher.Batcher under failure: deadlines, cancellation, bisection of failed batches, and
 the queue gauge after requests die in every way.
 
 Same setup as test_batcher.py (a fake model on a one-thread executor, `asyncio.run` in each test,
@@ -28,7 +28,7 @@ from batcher_fakes import (
     until,
 )
 
-from server.batcher import Batcher
+from server.core.batcher import Batcher
 from server.errors import DeadlineExceeded
 
 pytestmark = pytest.mark.timeout(30)

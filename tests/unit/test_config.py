@@ -42,6 +42,20 @@ def test_explicit_model_name_wins() -> None:
     assert parse("--model-name", "prod").model_name == "prod"
 
 
+def test_config_file_flags() -> None:
+    s = parse("--model-config-file", "/etc/models.config", "--file-system-poll-wait-seconds", "0",
+              "--model-config-file-poll-wait-seconds", "30")
+    assert (s.model_config_file, s.model_base_path, s.model_name) == ("/etc/models.config", None, "")
+    assert (s.file_system_poll_wait_seconds, s.model_config_file_poll_wait_seconds) == (0.0, 30.0)
+
+
+@pytest.mark.parametrize("other", [["--model-base-path", "/m/a"], ["--model-name", "a"]])
+def test_config_file_excludes_the_one_model_flags(other: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse("--model-config-file", "/etc/models.config", *other)
+    assert "--model-config-file replaces --model-base-path and --model-name" in capsys.readouterr().err
+
+
 def test_all_flags() -> None:
     s = parse(
         "--model-base-path", "/m/a", "--model-name", "n", "--port", "0", "--replicas", "4",
@@ -52,7 +66,8 @@ def test_all_flags() -> None:
         "--max-inflight-batches", "1", "--event-loop", "asyncio",
     )
     assert s == Settings(
-        model_base_path="/m/a", model_name="n", port=0, replicas=4, max_batch_size=8,
+        model_base_path="/m/a", model_name="n", model_config_file=None, file_system_poll_wait_seconds=1.0,
+        model_config_file_poll_wait_seconds=0.0, port=0, replicas=4, max_batch_size=8,
         batch_timeout_ms=0.5, max_auto_wait_ms=2.5, max_queued_rows=100, metrics_port=-1, max_message_bytes=1024,
         drain_delay_s=0.5, grace_period_s=9.0, log_format="json", log_level="DEBUG",
         max_concurrent_rpcs=1024, tls_cert_file=None, tls_key_file=None, tls_client_ca_file=None,

@@ -1,12 +1,12 @@
-"""server.signatures: request validation against a signature, output selection, batching keys."""
+"""server.core.signatures: request validation against a signature, output selection, batching keys."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from server.core.signatures import BatchKey, Signature, TensorSpec
 from server.errors import InvalidInput
-from server.signatures import BatchKey, Signature, TensorSpec
 
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)

@@ -1,4 +1,4 @@
-"""server.worker_protocol: batches through a shared-memory slot, exactly, with no TensorFlow."""
+"""server.core.worker_protocol: batches through a shared-memory slot, exactly, with no TensorFlow."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 import pytest
 
-from server.worker_protocol import ALIGN, Run, SlotArray, read_batch, slot_bytes, write_batch
+from server.core.worker_protocol import ALIGN, Run, SlotArray, read_batch, slot_bytes, write_batch
 
 
 def test_slot_bytes_aligns_every_array_and_skips_strings() -> None:
@@ -66,7 +66,7 @@ def test_string_tensors_travel_inline() -> None:
 
 
 def test_a_slot_array_without_a_slot_is_an_error_not_garbage() -> None:
-    run = Run(seq=1, signature="serving_default", slot=0, inputs={"x": SlotArray("<f4", (2, 3), 0)})
+    run = Run(seq=1, servable=0, signature="serving_default", slot=0, inputs={"x": SlotArray("<f4", (2, 3), 0)})
     with pytest.raises(ValueError, match="input 'x' lies in a slot the worker was never given"):
         read_batch(None, run.inputs)
 

@@ -1,10 +1,12 @@
 """What the server process and its model worker process say to each other. Pure: no TensorFlow.
 
-Messages are pickled over one Unix socket pair. Batch inputs do not travel in the messages: the
-server writes them into a shared-memory slot (an anonymous memfd, mapped on both sides, so no
-/dev/shm size limit applies) and sends only where each array lies. A slot is handed to the worker
-once (NewSlot, followed on the socket by its file descriptor) and reused until a bigger batch
-needs a bigger one. Outputs come back pickled; they are usually far smaller than the inputs.
+Messages are pickled over one Unix socket pair. The worker holds any number of servables (model
+versions), each known by an id the server gives it in Load; a Run names its servable. Batch
+inputs do not travel in the messages: the server writes them into a shared-memory slot (an
+anonymous memfd, mapped on both sides, so no /dev/shm size limit applies) and sends only where
+each array lies. A slot is handed to the worker once (NewSlot, followed on the socket by its file
+descriptor) and reused until a bigger batch needs a bigger one. Outputs come back pickled; they
+are usually far smaller than the inputs.
 """
 
 from __future__ import annotations
@@ -15,29 +17,66 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from server.signatures import ModelInfo
+from server.core.signatures import ModelInfo
 
 ALIGN = 64
 """Byte alignment of every array placed in a slot."""
 
 
 @dataclass(frozen=True)
-class Ready:
-    """The worker loaded the model and warmed up every batch size."""
+class Started:
+    """The worker chose its devices and built the strategy; it loads models as told."""
 
+    devices: list[str]
+    demo_base_path: str | None
+    """Where the built-in demo model lies, when no model was configured."""
+
+
+@dataclass(frozen=True)
+class StartFailed:
+    kind: str
+    """The exception's class name: FileNotFoundError, ValueError or OSError map to a clean exit."""
+    message: str
+
+
+@dataclass(frozen=True)
+class Load:
+    """Load version_dir as servable `servable` (an id the server picked), warm it up, say Loaded."""
+
+    servable: int
+    name: str
+    version: int
+    path: str
+
+
+@dataclass(frozen=True)
+class Loaded:
+    servable: int
     info: ModelInfo
     signature_defs: dict[str, bytes]
     """Serialized SignatureDef protos, as GetModelMetadata returns them."""
-    path: str
-    devices: list[str]
-    traces: dict[str, int]
+    seconds: float
+    """Load and warm-up time."""
 
 
 @dataclass(frozen=True)
 class LoadFailed:
-    kind: str
-    """The exception's class name: FileNotFoundError, ValueError or OSError map to a clean exit."""
+    servable: int
+    code: int
+    """tensorflow.error.Code of the failure (NOT_FOUND, INVALID_ARGUMENT, DATA_LOSS, ...)."""
     message: str
+
+
+@dataclass(frozen=True)
+class Unload:
+    """Drop the servable's functions and variables; the server sends no more batches for it."""
+
+    servable: int
+
+
+@dataclass(frozen=True)
+class Unloaded:
+    servable: int
 
 
 @dataclass(frozen=True)
@@ -60,6 +99,7 @@ class SlotArray:
 @dataclass(frozen=True)
 class Run:
     seq: int
+    servable: int
     signature: str
     slot: int
     inputs: dict[str, SlotArray | np.ndarray]
@@ -73,7 +113,7 @@ class Done:
     seconds: float
     """Time spent in the model for this batch."""
     traces: dict[str, int]
-    """tf.function traces per signature so far (the server turns them into a counter)."""
+    """tf.function traces per signature of this servable so far (the server makes a counter of it)."""
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from typing import Protocol
 
 import numpy as np
 
-from server.assembly import Tensors, check_rows, concat_rows, split_rows
+from server.core.assembly import Tensors, check_rows, concat_rows, split_rows
 from server.errors import DeadlineExceeded, Overloaded, Unavailable
 
 CONCURRENT_ROWS = 1.5

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from server.assembly import Tensors, check_rows, concat_rows, replica_bounds
 from server.codec import dtype_enum
+from server.core.assembly import Tensors, check_rows, concat_rows, replica_bounds
+from server.core.signatures import Signature
 from server.errors import ModelFailure
-from server.signatures import Signature
 
 log = logging.getLogger(__name__)
 # TensorFlow's logger prints through a handler of its own; let records reach ours instead.

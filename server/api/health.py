@@ -1,7 +1,9 @@
 """grpc.health.v1 and server reflection, driven by real readiness.
 
-Health says NOT_SERVING (overall, "", and per service) until the model is loaded and warmed up,
-SERVING after, and NOT_SERVING again from the moment a drain starts. Service names are taken from
+Health says NOT_SERVING (overall, "", and per service) until every model of the start-up config
+has an AVAILABLE version, SERVING after, and NOT_SERVING again from the moment a drain starts.
+Models added later by a config change do not flip a serving pod back (GetModelStatus tells
+their state): a ConfigMap change reaches every pod at once, and must not take them all out. Service names are taken from
 the descriptors, never typed out (architecture.md, example 10).
 """
 
@@ -11,11 +13,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from protos.tensorflow_serving import prediction_service_pb2
+from protos.tensorflow_serving import model_service_pb2, prediction_service_pb2
 
 PREDICTION_SERVICE = prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"].full_name
+MODEL_SERVICE = model_service_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-SERVED = ("", PREDICTION_SERVICE)
+SERVED = ("", PREDICTION_SERVICE, MODEL_SERVICE)
 """Names health reports on: "" is the whole server (what Kubernetes' grpc probe asks by default)."""
 
 
@@ -38,4 +41,5 @@ class Health:
 
 def add_health_and_reflection(server: grpc.aio.Server, checks: Health) -> None:
     health_pb2_grpc.add_HealthServicer_to_server(checks.servicer, server)
-    reflection.enable_server_reflection((PREDICTION_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), server)
+    names = (PREDICTION_SERVICE, MODEL_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(names, server)

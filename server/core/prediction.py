@@ -1,5 +1,6 @@
-"""The request path between the servicer and the batcher, in plain types: which model and
-signature a request addresses, whether its inputs fit, and which outputs it gets back."""
+"""The request path between a front-end and one model version's batcher, in plain types: which
+signature a request addresses, whether its inputs fit, and which outputs it gets back. (Which
+version it addresses is server.core.servables' business.)"""
 
 from __future__ import annotations
 
@@ -8,27 +9,15 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from server.batcher import Answer, Batcher
-from server.errors import InvalidInput, NotFound
-from server.signatures import DEFAULT_SIGNATURE, ModelInfo, Signature
+from server.core.batcher import Answer, Batcher
+from server.core.signatures import DEFAULT_SIGNATURE, ModelInfo, Signature
+from server.errors import InvalidInput
 
 
 class Predictor:
     def __init__(self, model: ModelInfo, batcher: Batcher) -> None:
         self.model = model
-        self._batcher = batcher
-
-    def check_model(self, name: str, version: int | None, version_label: str | None) -> None:
-        """NotFound unless (name, version) is the served model."""
-        served = f"this server serves model '{self.model.name}' version {self.model.version}"
-        if not name:
-            raise InvalidInput(f"model_spec.name is empty; {served}")
-        if name != self.model.name:
-            raise NotFound(f"model '{name}' not found; {served}")
-        if version_label is not None:
-            raise NotFound(f"version label '{version_label}' not found (labels are not supported); {served}")
-        if version is not None and version != self.model.version:
-            raise NotFound(f"model '{name}' version {version} not found; {served}")
+        self.batcher = batcher
 
     def signature(self, name: str) -> Signature:
         name = name or DEFAULT_SIGNATURE
@@ -53,7 +42,7 @@ class Predictor:
         """Validate, queue for a batch, and return the requested outputs of this request's rows."""
         names = signature.select_outputs(output_filter)
         rows, key = signature.admit(inputs)
-        answer = await self._batcher.submit(key, inputs, rows, deadline=deadline)
+        answer = await self.batcher.submit(key, inputs, rows, deadline=deadline)
         if len(names) == len(answer.outputs):
             return answer
         return dataclasses.replace(answer, outputs={n: answer.outputs[n] for n in names})

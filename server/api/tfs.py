@@ -1,7 +1,6 @@
 """tensorflow.serving.PredictionService over grpc.aio. It only translates: protos to plain
-types, one call into the Predictor, plain types back to protos, and domain errors to status codes
-through the one table below. Unexpected errors are logged with their stack and reach the client
-as INTERNAL "internal error", never as str(exc)."""
+types, the model spec to a servable (server.core.servables), one call into its Predictor, plain types
+back to protos, and domain errors to status codes through server.api.status's table."""
 
 from __future__ import annotations
 
@@ -14,44 +13,19 @@ from google.protobuf.message import DecodeError
 
 from protos.tensorflow_serving import get_model_metadata_pb2, model_pb2, predict_pb2, prediction_service_pb2
 from server import codec, metrics
-from server.errors import (
-    DeadlineExceeded,
-    InvalidInput,
-    ModelFailure,
-    NotFound,
-    Overloaded,
-    ServingError,
-    Unavailable,
-)
-from server.prediction import Predictor
+from server.api.status import status_for
+from server.core.servables import Registry, Servable
+from server.errors import InvalidInput, ModelFailure
 
 log = logging.getLogger(__name__)
 
-STATUS_FOR: dict[type[ServingError], grpc.StatusCode] = {
-    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
-    NotFound: grpc.StatusCode.NOT_FOUND,
-    Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
-    Unavailable: grpc.StatusCode.UNAVAILABLE,
-    ModelFailure: grpc.StatusCode.INTERNAL,
-}
 SIGNATURE_DEF = "signature_def"
 QUEUE_TRAILER = "mirrorserve-queue-seconds"
 COMPUTE_TRAILER = "mirrorserve-compute-seconds"
 
 
-def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
-    """The status and client-visible message for an exception raised below the servicer."""
-    if isinstance(exc, ModelFailure):
-        log.error("model failure: %s", exc, exc_info=exc)
-        return grpc.StatusCode.INTERNAL, "internal error"
-    if isinstance(exc, ServingError):
-        return STATUS_FOR[type(exc)], str(exc)
-    log.error("unexpected error while serving a request", exc_info=exc)
-    return grpc.StatusCode.INTERNAL, "internal error"
-
-
-def _version_choice(spec: Any) -> tuple[int | None, str | None]:
+def version_choice(spec: Any) -> tuple[int | None, str | None]:
+    """A ModelSpec's (version, label), either or neither set."""
     choice = spec.WhichOneof("version_choice")
     if choice == "version":
         return int(spec.version.value), None
@@ -61,7 +35,8 @@ def _version_choice(spec: Any) -> tuple[int | None, str | None]:
 
 
 class PredictionServicer:
-    """Answers UNAVAILABLE until `ready()` hands it the loaded model's Predictor.
+    """Answers from whichever version the registry resolves a request to; UNAVAILABLE while a
+    model loads, NOT_FOUND for what is not served.
 
     Handlers take the raw request bytes and parse them here, so a malformed message is an
     INVALID_ARGUMENT naming the problem (grpc's own deserializer would answer INTERNAL).
@@ -71,18 +46,10 @@ class PredictionServicer:
     UNAVAILABLE at once and is not counted as accepted.
     """
 
-    def __init__(self, model_name: str, max_tensor_bytes: int) -> None:
-        self._model_name = model_name
+    def __init__(self, registry: Registry, max_tensor_bytes: int) -> None:
+        self._registry = registry
         self._max_tensor_bytes = max_tensor_bytes
-        self._predictor: Predictor | None = None
-        self._signature_defs: dict[str, Any] = {}
-        self._specs: dict[str, Any] = {}
-        self._model_failures = metrics.MODEL_FAILURES.labels(model_name)
-        self._seconds = {m: metrics.REQUEST_SECONDS.labels(model_name, m) for m in ("Predict", "GetModelMetadata")}
-        methods = ("Predict", "GetModelMetadata")
-        self._requests: dict[tuple[str, grpc.StatusCode], Any] = {
-            (m, grpc.StatusCode.OK): metrics.REQUESTS.labels(model_name, m, "OK") for m in methods
-        }
+        self._unresolved: dict[tuple[str, str, grpc.StatusCode], tuple[Any, Any]] = {}
         self.accepted = 0
         self.answered = 0
         self._refusing = False
@@ -94,58 +61,53 @@ class PredictionServicer:
     def refuse_new(self) -> None:
         self._refusing = True
 
-    def ready(self, predictor: Predictor, signature_defs: dict[str, Any]) -> None:
-        self._signature_defs = signature_defs
-        self._specs = {}
-        self._predictor = predictor
-
-    def _model_spec(self, predictor: Predictor, signature: str) -> Any:
-        """The response's ModelSpec for a signature, built once."""
-        spec = self._specs.get(signature)
+    @staticmethod
+    def _model_spec(servable: Servable, signature: str) -> Any:
+        """The response's ModelSpec for a version and signature, built once."""
+        key = ("tfs-spec", signature)
+        spec = servable.cache.get(key)
         if spec is None:
-            spec = self._specs[signature] = model_pb2.ModelSpec(
-                name=predictor.model.name, signature_name=signature)
-            spec.version.value = predictor.model.version
+            spec = servable.cache[key] = model_pb2.ModelSpec(name=servable.name, signature_name=signature)
+            spec.version.value = servable.version
         return spec
-
-    def _loaded(self) -> Predictor:
-        if self._predictor is None:
-            raise Unavailable(f"model '{self._model_name}' is loading; retry shortly")
-        return self._predictor
 
     async def predict(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         started = time.perf_counter()
         if self._refusing:
             await self._refuse("Predict", context, started)
         self.accepted += 1
+        servable: Servable | None = None
+        name = ""
         try:
             try:
                 remaining = context.time_remaining()
                 deadline = None if remaining is None else time.monotonic() + remaining
-                request = _parse(predict_pb2.PredictRequest, raw)
-                predictor = self._loaded()
+                request = parse(predict_pb2.PredictRequest, raw)
                 spec = request.model_spec
-                predictor.check_model(spec.name, *_version_choice(spec))
+                name = spec.name
+                servable = self._registry.resolve(name, *version_choice(spec))
+                predictor = servable.predictor
+                assert predictor is not None
                 signature = predictor.signature(spec.signature_name)
                 inputs = {
-                    name: codec.to_ndarray(tensor, name=name, max_bytes=self._max_tensor_bytes)
-                    for name, tensor in request.inputs.items()
+                    tensor_name: codec.to_ndarray(tensor, name=tensor_name, max_bytes=self._max_tensor_bytes)
+                    for tensor_name, tensor in request.inputs.items()
                 }
                 answer = await predictor.predict(signature, inputs, request.output_filter, deadline)
-                response = predict_pb2.PredictResponse(model_spec=self._model_spec(predictor, signature.name))
-                for name, array in answer.outputs.items():
-                    codec.fill_tensor_proto(response.outputs[name], array)
+                response = predict_pb2.PredictResponse(model_spec=self._model_spec(servable, signature.name))
+                for output, array in answer.outputs.items():
+                    codec.fill_tensor_proto(response.outputs[output], array)
             except Exception as exc:  # every failure leaves through the status table
-                if isinstance(exc, ModelFailure):
-                    self._model_failures.inc()
+                if isinstance(exc, ModelFailure) and servable is not None:
+                    metrics.MODEL_FAILURES.labels(servable.name, str(servable.version)).inc()
                 code, message = status_for(exc)
-                self._record("Predict", code, started)
+                self._record("Predict", code, started, servable, name)
                 await context.abort(code, message)
             context.set_trailing_metadata((
                 (QUEUE_TRAILER, f"{answer.queue_seconds:.6f}"),
                 (COMPUTE_TRAILER, f"{answer.compute_seconds:.6f}"),
             ))
-            self._record("Predict", grpc.StatusCode.OK, started)
+            self._record("Predict", grpc.StatusCode.OK, started, servable, name)
             return response
         finally:
             self.answered += 1
@@ -154,12 +116,13 @@ class PredictionServicer:
         started = time.perf_counter()
         if self._refusing:
             await self._refuse("GetModelMetadata", context, started)
+        servable: Servable | None = None
+        name = ""
         try:
-            request = _parse(get_model_metadata_pb2.GetModelMetadataRequest, raw)
-            predictor = self._loaded()
-            model = predictor.model
+            request = parse(get_model_metadata_pb2.GetModelMetadataRequest, raw)
             spec = request.model_spec
-            predictor.check_model(spec.name, *_version_choice(spec))
+            name = spec.name
+            servable = self._registry.resolve(name, *version_choice(spec))
             fields = list(request.metadata_field)
             if not fields:
                 raise InvalidInput(f"metadata_field is empty; supported: {SIGNATURE_DEF}")
@@ -169,32 +132,46 @@ class PredictionServicer:
                     f"metadata_field {', '.join(unknown)} is not supported; supported: {SIGNATURE_DEF}"
                 )
             signature_map = get_model_metadata_pb2.SignatureDefMap()
-            for name, sdef in self._signature_defs.items():
-                signature_map.signature_def[name].CopyFrom(sdef)
+            for signature_name, sdef in servable.signature_defs.items():
+                signature_map.signature_def[signature_name].CopyFrom(sdef)
             response = get_model_metadata_pb2.GetModelMetadataResponse()
-            response.model_spec.name = model.name
-            response.model_spec.version.value = model.version
+            response.model_spec.name = servable.name
+            response.model_spec.version.value = servable.version
             response.metadata[SIGNATURE_DEF].Pack(signature_map)
         except Exception as exc:
             code, message = status_for(exc)
-            self._record("GetModelMetadata", code, started)
+            self._record("GetModelMetadata", code, started, servable, name)
             await context.abort(code, message)
-        self._record("GetModelMetadata", grpc.StatusCode.OK, started)
+        self._record("GetModelMetadata", grpc.StatusCode.OK, started, servable, name)
         return response
 
     async def _refuse(self, method: str, context: grpc.aio.ServicerContext, started: float) -> None:
-        self._record(method, grpc.StatusCode.UNAVAILABLE, started)
+        self._record(method, grpc.StatusCode.UNAVAILABLE, started, None, "")
         await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry on another replica")
 
-    def _record(self, method: str, code: grpc.StatusCode, started: float) -> None:
-        counter = self._requests.get((method, code))
-        if counter is None:
-            counter = self._requests[method, code] = metrics.REQUESTS.labels(self._model_name, method, code.name)
-        counter.inc()
-        self._seconds[method].observe(time.perf_counter() - started)
+    def _record(self, method: str, code: grpc.StatusCode, started: float, servable: Servable | None,
+                name: str) -> None:
+        """Count the RPC under its version when one was resolved, else under its model if that is
+        configured, else under model="" (so clients cannot mint label values)."""
+        if servable is not None:
+            key: tuple[Any, ...] = ("metrics", method, code)
+            pair = servable.cache.get(key)
+            if pair is None:
+                labels = (servable.name, str(servable.version))
+                pair = servable.cache[key] = (metrics.REQUESTS.labels(*labels, method, code.name),
+                                              metrics.REQUEST_SECONDS.labels(*labels, method))
+        else:
+            model = name if name in self._registry.models else ""
+            pair = self._unresolved.get((model, method, code))
+            if pair is None:
+                pair = self._unresolved[model, method, code] = (
+                    metrics.REQUESTS.labels(model, "", method, code.name),
+                    metrics.REQUEST_SECONDS.labels(model, "", method))
+        pair[0].inc()
+        pair[1].observe(time.perf_counter() - started)
 
 
-def _parse(message_type: Any, raw: bytes) -> Any:
+def parse(message_type: Any, raw: bytes) -> Any:
     try:
         return message_type.FromString(raw)
     except DecodeError as exc:

@@ -1,4 +1,4 @@
-"""The server's handle on its model worker process (server.model_worker).
+"""The server's handle on its model worker process (server.core.model_worker).
 
 Everything here runs on the event loop and never blocks it for long: a batch is copied into a
 shared-memory slot and announced with a small message; the worker's answers are read by a reader
@@ -19,16 +19,39 @@ from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any
 
-from server import model_worker
-from server.assembly import Tensors
 from server.config import Settings
+from server.core import model_worker
+from server.core.assembly import Tensors
+from server.core.worker_protocol import (
+    Done,
+    Failed,
+    Load,
+    Loaded,
+    LoadFailed,
+    NewSlot,
+    Run,
+    Started,
+    StartFailed,
+    Unload,
+    Unloaded,
+    slot_bytes,
+    write_batch,
+)
 from server.errors import ModelFailure, Unavailable
-from server.worker_protocol import Done, Failed, LoadFailed, NewSlot, Ready, Run, slot_bytes, write_batch
 
-log = logging.getLogger("server.model_process")
+log = logging.getLogger("server.core.model_process")
 
 MIN_SLOT_BYTES = 1 << 20
 CLEAN_EXIT = {"FileNotFoundError": FileNotFoundError, "ValueError": ValueError, "OSError": OSError}
+
+
+class LoadError(Exception):
+    """A version failed to load in the worker; code is a tensorflow.error.Code."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
 
 class ModelProcess:
@@ -36,7 +59,7 @@ class ModelProcess:
         self,
         settings: Settings,
         *,
-        on_traces: Callable[[dict[str, int]], None] = lambda traces: None,
+        on_traces: Callable[[int, dict[str, int]], None] = lambda servable, traces: None,
         on_lost: Callable[[str], None] = lambda why: None,
     ) -> None:
         self._settings = settings
@@ -48,13 +71,15 @@ class ModelProcess:
         self._free: list[int] = []
         self._slots = 0
         """Slots handed out so far; a slot is in use from run() until its answer arrives."""
-        self._pending: dict[int, tuple[asyncio.Future[tuple[Tensors, float]], int]] = {}
+        self._pending: dict[int, tuple[asyncio.Future[tuple[Tensors, float]], int, int]] = {}
+        self._loads: dict[int, asyncio.Future[Loaded]] = {}
+        self._unloads: dict[int, asyncio.Future[None]] = {}
         self._seq = itertools.count()
         self._lost: str | None = None
         self._reading = False
 
-    async def start(self) -> Ready:
-        """Spawn the worker and wait (off the event loop) until it has loaded and warmed up."""
+    async def start(self) -> Started:
+        """Spawn the worker and wait (off the event loop) until its devices and threads are set up."""
         context = multiprocessing.get_context("spawn")  # never fork a process that runs gRPC threads
         conn, child = context.Pipe(duplex=True)
         self._process = context.Process(target=model_worker.run, args=(child, self._settings),
@@ -68,18 +93,46 @@ class ModelProcess:
         except (EOFError, OSError):
             await loop.run_in_executor(None, self._process.join, 5)
             raise RuntimeError(f"the model worker exited while loading (exit code {self._process.exitcode})") from None
-        if isinstance(first, LoadFailed):
+        if isinstance(first, StartFailed):
             raise CLEAN_EXIT.get(first.kind, RuntimeError)(first.message)
-        assert isinstance(first, Ready), f"unexpected first message {first!r}"
+        assert isinstance(first, Started), f"unexpected first message {first!r}"
         loop.add_reader(conn.fileno(), self._on_readable)
         self._reading = True
         return first
 
-    async def run(self, signature: str, parts: Sequence[Tensors]) -> tuple[Tensors, float]:
-        """Run one batch, the parts' rows in order, in the worker; its outputs and the seconds the
-        model spent."""
+    async def load(self, servable: int, name: str, version: int, path: str) -> Loaded:
+        """Load and warm up one version in the worker under a fresh servable id; LoadError if it fails."""
+        self._check_alive()
+        assert self._conn is not None
+        future: asyncio.Future[Loaded] = asyncio.get_running_loop().create_future()
+        self._loads[servable] = future
+        self._send(Load(servable, name, version, path))
+        return await future
+
+    async def unload(self, servable: int) -> None:
+        """Free a servable the server will send no more batches for."""
+        self._check_alive()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._unloads[servable] = future
+        self._send(Unload(servable))
+        await future
+
+    def _check_alive(self) -> None:
         if self._lost is not None or self._conn is None:
             raise Unavailable(f"the model worker is gone ({self._lost or 'not started'}); retry on another replica")
+
+    def _send(self, message: object) -> None:
+        assert self._conn is not None
+        try:
+            self._conn.send(message)
+        except OSError as exc:  # the worker is gone; its socket's EOF may not have been read yet
+            self._lose(type(exc).__name__)
+
+    async def run(self, servable: int, signature: str, parts: Sequence[Tensors]) -> tuple[Tensors, float]:
+        """Run one batch, the parts' rows in order, in the worker; its outputs and the seconds the
+        model spent."""
+        self._check_alive()
+        assert self._conn is not None
         if self._free:
             slot = self._free.pop()
         else:
@@ -90,11 +143,8 @@ class ModelProcess:
         placed = write_batch(self._maps.get(slot), parts)
         seq = next(self._seq)
         future: asyncio.Future[tuple[Tensors, float]] = asyncio.get_running_loop().create_future()
-        self._pending[seq] = (future, slot)
-        try:
-            self._conn.send(Run(seq, signature, slot, placed))
-        except OSError as exc:  # the worker is gone; its socket's EOF may not have been read yet
-            self._lose(type(exc).__name__)
+        self._pending[seq] = (future, slot, servable)
+        self._send(Run(seq, servable, signature, slot, placed))
         return await future
 
     def _grow(self, slot: int, need: int) -> None:
@@ -125,16 +175,30 @@ class ModelProcess:
             self._lose(f"exit code {code}" if code is not None else type(exc).__name__)
 
     def _answer(self, message: object) -> None:
+        if isinstance(message, Loaded | LoadFailed):
+            loading = self._loads.pop(message.servable)
+            if loading.done():
+                return
+            if isinstance(message, Loaded):
+                loading.set_result(message)
+            else:
+                loading.set_exception(LoadError(message.code, message.message))
+            return
+        if isinstance(message, Unloaded):
+            unloading = self._unloads.pop(message.servable)
+            if not unloading.done():
+                unloading.set_result(None)
+            return
         if not isinstance(message, Done | Failed):
             log.error("unexpected message from the model worker: %r", type(message).__name__)
             return
-        future, slot = self._pending.pop(message.seq)
+        future, slot, servable = self._pending.pop(message.seq)
         self._free.append(slot)
         if isinstance(message, Failed):
             if not future.done():
                 future.set_exception(ModelFailure(message.message))
             return
-        self._on_traces(message.traces)
+        self._on_traces(servable, message.traces)
         if not future.done():
             future.set_result((message.outputs, message.seconds))
 
@@ -145,10 +209,15 @@ class ModelProcess:
         self._lost = why
         self._stop_reading()
         log.error("the model worker process is gone (%s)", why)
-        for future, _ in self._pending.values():
+        gone = Unavailable(f"the model worker is gone ({why}); retry on another replica")
+        waiting: list[asyncio.Future[Any]] = [f for f, _, _ in self._pending.values()]
+        waiting += [*self._loads.values(), *self._unloads.values()]
+        for future in waiting:
             if not future.done():
-                future.set_exception(Unavailable(f"the model worker is gone ({why}); retry on another replica"))
+                future.set_exception(gone)
         self._pending.clear()
+        self._loads.clear()
+        self._unloads.clear()
         self._on_lost(why)
 
     def _stop_reading(self) -> None:

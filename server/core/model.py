@@ -1,6 +1,7 @@
 """Find and load a SavedModel in TensorFlow Serving's layout (BASE/<version>/saved_model.pb).
 
-The highest numeric version is served. Signatures are read twice, on purpose: from the
+Which versions are served is the version policy's business (server.core.model_config); here, finding
+the version folders and loading one. Signatures are read twice, on purpose: from the
 saved_model.pb's SignatureDefs (exactly what TF Serving returns from GetModelMetadata, tensor
 names included) and as callable functions of the model loaded under the strategy's scope, so
 every replica holds its own copy of the variables.
@@ -17,7 +18,7 @@ from tensorflow.core.framework import tensor_shape_pb2
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
 from server.codec import numpy_dtype
-from server.signatures import ModelInfo, Signature, TensorSpec
+from server.core.signatures import ModelInfo, Signature, TensorSpec
 
 
 @dataclass(frozen=True)
@@ -30,19 +31,13 @@ class LoadedModel:
     """The loaded object; holding it keeps the variables alive."""
 
 
-def find_version(base_path: str | Path) -> tuple[int, Path]:
-    """The highest numeric version folder under base_path that holds a saved_model.pb."""
+def scan_versions(base_path: str | Path) -> dict[int, Path]:
+    """The numeric version folders under base_path that hold a saved_model.pb. Anything else is
+    ignored, so a version copied in under a dot-name (.3) and then renamed appears only whole."""
     base = Path(base_path)
     if not base.is_dir():
         raise FileNotFoundError(f"model base path {base} is not a folder")
-    versions = [
-        int(p.name) for p in base.iterdir()
-        if p.name.isdigit() and (p / "saved_model.pb").is_file()
-    ]
-    if not versions:
-        raise FileNotFoundError(f"no version folder with a saved_model.pb under {base} (expected {base}/1/)")
-    version = max(versions)
-    return version, base / str(version)
+    return {int(p.name): p for p in base.iterdir() if p.name.isdigit() and (p / "saved_model.pb").is_file()}
 
 
 def _shape(proto: tensor_shape_pb2.TensorShapeProto) -> tuple[int | None, ...] | None:
@@ -67,8 +62,9 @@ def signature_from_def(name: str, sdef: meta_graph_pb2.SignatureDef) -> Signatur
     return Signature(name=name, inputs=specs(sdef.inputs), outputs=specs(sdef.outputs))
 
 
-def load(base_path: str | Path, name: str, strategy: tf.distribute.Strategy) -> LoadedModel:
-    version, version_dir = find_version(base_path)
+def load(version_dir: str | Path, name: str, version: int, strategy: tf.distribute.Strategy) -> LoadedModel:
+    """Load one version folder under the strategy's scope (every replica holds the variables)."""
+    version_dir = Path(version_dir)
     defs = read_signature_defs(version_dir)
     with strategy.scope():
         handle = tf.saved_model.load(str(version_dir))

@@ -1,0 +1,115 @@
+"""tensorflow.serving.ModelService over grpc.aio: every version's state (GetModelStatus) and
+replacing the model config at run time (HandleReloadConfigRequest), as TensorFlow Serving has them.
+
+HandleReloadConfigRequest checks the whole config first (names, policies, labels, base paths):
+an invalid one is INVALID_ARGUMENT and changes nothing. A valid one replaces the model list; the
+call returns once every model it adds has an AVAILABLE version, or fails with UNKNOWN naming
+the models that did not become available (they stay configured and keep being retried), as TF
+Serving does. With --model-config-file-poll-wait-seconds on, the next change of the file wins.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from protos.tensorflow_serving import get_model_status_pb2, model_management_pb2, model_service_pb2
+from server import metrics
+from server.api.status import status_for
+from server.api.tfs import parse, version_choice
+from server.core.lifecycle import Lifecycle, check_base_paths
+from server.core.model_config import ConfigError, from_proto
+from server.core.servables import Registry, Servable
+from server.errors import InvalidInput, NotFound, Unavailable
+
+OK = 0
+
+
+class ModelServiceServicer:
+    def __init__(self, registry: Registry, lifecycle: Callable[[], Lifecycle | None]) -> None:
+        """`lifecycle` returns None until the model worker has started."""
+        self._registry = registry
+        self._lifecycle = lifecycle
+
+    async def get_model_status(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        started = time.perf_counter()
+        name = ""
+        try:
+            request = parse(get_model_status_pb2.GetModelStatusRequest, raw)
+            name = request.model_spec.name
+            response = get_model_status_pb2.GetModelStatusResponse()
+            for servable in self._versions(name, *version_choice(request.model_spec)):
+                status = response.model_version_status.add(version=servable.version, state=int(servable.state))
+                status.status.error_code = servable.error[0] if servable.error else OK
+                status.status.error_message = servable.error[1] if servable.error else ""
+        except Exception as exc:
+            code, message = status_for(exc)
+            self._record("GetModelStatus", name, code, started)
+            await context.abort(code, message)
+        self._record("GetModelStatus", name, grpc.StatusCode.OK, started)
+        return response
+
+    def _versions(self, name: str, version: int | None, label: str | None) -> list[Servable]:
+        model = self._registry.model(name)
+        if label is not None:
+            if label not in model.source.labels:
+                known = ", ".join(sorted(model.source.labels)) or "none"
+                raise NotFound(f"version label '{label}' of model '{name}' not found; labels: {known}")
+            version = model.source.labels[label]
+        if version is None:
+            return [model.versions[v] for v in sorted(model.versions)]
+        servable = model.versions.get(version)
+        if servable is None:
+            known = ", ".join(str(v) for v in sorted(model.versions)) or "none"
+            raise NotFound(f"model '{name}' version {version} not found; versions known: {known}")
+        return [servable]
+
+    async def handle_reload_config_request(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        started = time.perf_counter()
+        method = "HandleReloadConfigRequest"
+        try:
+            request = parse(model_management_pb2.ReloadConfigRequest, raw)
+            try:
+                sources = from_proto(request.config, "ReloadConfigRequest.config")
+                check_base_paths(sources)
+            except ConfigError as exc:
+                raise InvalidInput(str(exc)) from None
+            lifecycle = self._lifecycle()
+            if lifecycle is None:
+                raise Unavailable("the server is starting; retry shortly")
+            problems = await lifecycle.apply(sources)
+        except Exception as exc:
+            code, message = status_for(exc)
+            self._record(method, "", code, started)
+            await context.abort(code, message)
+        if problems:
+            self._record(method, "", grpc.StatusCode.UNKNOWN, started)
+            await context.abort(grpc.StatusCode.UNKNOWN,
+                                f"{len(problems)} model(s) did not become available: {{{'; '.join(problems)}}}")
+        response = model_management_pb2.ReloadConfigResponse()
+        response.status.error_code = OK
+        self._record(method, "", grpc.StatusCode.OK, started)
+        return response
+
+    def _record(self, method: str, name: str, code: grpc.StatusCode, started: float) -> None:
+        model = name if name in self._registry.models else ""
+        metrics.REQUESTS.labels(model, "", method, code.name).inc()
+        metrics.REQUEST_SECONDS.labels(model, "", method).observe(time.perf_counter() - started)
+
+
+def add_to_server(servicer: ModelServiceServicer, server: grpc.aio.Server) -> None:
+    """Register the ModelService methods, names taken from the service descriptor."""
+    service = model_service_pb2.DESCRIPTOR.services_by_name["ModelService"]
+    handlers = {
+        "GetModelStatus": grpc.unary_unary_rpc_method_handler(
+            servicer.get_model_status,
+            response_serializer=get_model_status_pb2.GetModelStatusResponse.SerializeToString),
+        "HandleReloadConfigRequest": grpc.unary_unary_rpc_method_handler(
+            servicer.handle_reload_config_request,
+            response_serializer=model_management_pb2.ReloadConfigResponse.SerializeToString),
+    }
+    assert set(handlers) == {m.name for m in service.methods}, "handlers and protos disagree"
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))

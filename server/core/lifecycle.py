@@ -1,0 +1,337 @@
+"""Model lifecycle: which versions are loaded, and moving them through their states live.
+
+Every poll (--file-system-poll-wait-seconds) looks at each model's version folders, asks its
+policy which of them to serve (the aspired versions), and reconciles, as TensorFlow Serving's
+availability-preserving policy does:
+
+- an aspired version not loaded yet is loaded and warmed up in the model worker beside the ones
+  serving, and only then becomes AVAILABLE, the moment requests may reach it;
+- a serving version that is no longer aspired is unloaded only once some aspired version is
+  AVAILABLE (so a corrupt new version, or an emptied folder, leaves the old one serving): it leaves
+  request resolution first, its batcher then finishes every request already queued or running,
+  and only then does the worker free it;
+- a failed load is logged, counted (mirrorserve_model_load_failures_total) and retried while the
+  version stays aspired, after 1 s, 2 s, 4 s ... up to 60 s.
+
+A new config (the config file changed, or HandleReloadConfigRequest) replaces the model list: a
+removed model leaves resolution at once and its versions are drained and unloaded; an added one
+is loaded like any new version. Everything runs on the event loop, one reconcile at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import time
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from pathlib import Path
+
+from tensorflow.core.protobuf import meta_graph_pb2
+
+from server import metrics
+from server.config import Settings
+from server.core.assembly import Tensors, replica_bounds
+from server.core.batcher import Batcher
+from server.core.model import scan_versions
+from server.core.model_config import ConfigError, ModelSource, read_config_file
+from server.core.model_process import LoadError, ModelProcess
+from server.core.prediction import Predictor
+from server.core.servables import Model, Registry, Servable, State
+from server.core.signatures import BatchKey
+from server.errors import Unavailable
+
+log = logging.getLogger("server.core.lifecycle")
+
+RETRY_FIRST_S = 1.0
+"""First retry of a failed load: soon, since a half-copied folder is usually whole a second later."""
+RETRY_MAX_S = 60.0
+"""Longest back-off: a corrupt version is retried about once a minute, not forever spinning."""
+MAX_ENDED_RECORDS = 16
+"""Unloaded versions kept per model for GetModelStatus (END); older ones are forgotten."""
+UNAVAILABLE_CODE = 14
+
+
+def plan(
+    aspired: Collection[int], states: Mapping[int, State], reload_due: Collection[int]
+) -> tuple[list[int], list[int]]:
+    """(versions to load, highest first; versions to unload). `reload_due`: ENDed versions that may
+    be loaded again now (unloaded cleanly, or failed and past their back-off)."""
+    to_load = sorted((v for v in aspired if v not in states or (states[v] is State.END and v in reload_due)),
+                     reverse=True)
+    if not any(states.get(v) is State.AVAILABLE for v in aspired):
+        return to_load, []
+    to_unload = sorted(v for v, s in states.items() if s is State.AVAILABLE and v not in aspired)
+    return to_load, to_unload
+
+
+def retry_delay(failures: int) -> float:
+    return float(min(RETRY_MAX_S, RETRY_FIRST_S * 2.0 ** max(failures - 1, 0)))
+
+
+def _fields(model: str, version: int) -> dict[str, object]:
+    """Structured fields of a log record (separate keys in JSON logs)."""
+    return {"model": model, "version": version}
+
+
+def check_base_paths(sources: Sequence[ModelSource]) -> None:
+    for source in sources:
+        if not Path(source.base_path).is_dir():
+            raise ConfigError(f"model '{source.name}': base path {source.base_path} is not a folder")
+
+
+class Lifecycle:
+    def __init__(self, settings: Settings, worker: ModelProcess, registry: Registry, devices: int,
+                 *, on_change: Callable[[], None] = lambda: None) -> None:
+        self._settings = settings
+        self._worker = worker
+        self._registry = registry
+        self._devices = devices
+        self._on_change = on_change
+        self._lock = asyncio.Lock()
+        self._by_id: dict[int, Servable] = {}
+        self._removed: list[Model] = []
+        self._missing_logged: set[str] = set()
+        self.configured: list[str] = []
+
+    # ---- config ------------------------------------------------------------------------------
+
+    async def apply(self, sources: Sequence[ModelSource]) -> list[str]:
+        """Serve exactly these models; returns, for each model the config adds, why it has no
+        AVAILABLE version after one reconcile ([] when every added model serves)."""
+        async with self._lock:
+            models = self._registry.models
+            added = [s.name for s in sources if s.name not in models]
+            for name in [n for n in models if n not in {s.name for s in sources}]:
+                log.info("model=%s removed from the config; unloading its versions", name, extra={"model": name})
+                self._removed.append(models.pop(name))
+            for source in sources:
+                model = models.get(source.name)
+                if model is None:
+                    models[source.name] = Model(source)
+                elif model.source != source:
+                    model.source = source
+            self.configured = [s.name for s in sources]
+            await self._reconcile()
+        problems = []
+        for name in added:
+            model = models.get(name)
+            if model is not None and model.default is None:
+                failed = [s for s in model.versions.values() if s.error is not None]
+                why = failed[0].error[1] if failed and failed[0].error else "no version folder its policy serves"
+                problems.append(f"'{name}': {why}")
+        return problems
+
+    async def poll_versions(self) -> None:
+        """Re-read the version folders every --file-system-poll-wait-seconds (0: never again)."""
+        interval = self._settings.file_system_poll_wait_seconds
+        if interval <= 0:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                async with self._lock:
+                    await self._reconcile()
+            except Exception:  # a bug must not stop every later poll
+                log.exception("reconciling the models failed; trying again at the next poll")
+
+    async def poll_config_file(self, path: str, first_text: str) -> None:
+        """Re-read the config file every --model-config-file-poll-wait-seconds; apply it when its
+        text changed and it is valid (a bad file is logged once and the current config kept)."""
+        interval = self._settings.model_config_file_poll_wait_seconds
+        if interval <= 0:
+            return
+        seen = first_text
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                text = Path(path).read_text()
+            except OSError as exc:
+                if seen != "":
+                    log.error("cannot read model config file %s: %s; keeping the current config", path, exc)
+                seen = ""
+                continue
+            if text == seen:
+                continue
+            seen = text
+            try:
+                sources = read_config_file(path)
+                check_base_paths(sources)
+            except ConfigError as exc:
+                log.error("model config file changed but is not valid, keeping the current config: %s", exc)
+                continue
+            log.info("model config file %s changed: models %s", path, ",".join(s.name for s in sources))
+            try:
+                await self.apply(sources)
+            except Exception:
+                log.exception("applying the changed model config failed")
+
+    # ---- reconcile ---------------------------------------------------------------------------
+
+    async def _reconcile(self) -> None:
+        while self._removed:
+            model = self._removed.pop()
+            for servable in list(model.versions.values()):
+                if servable.state is State.AVAILABLE:
+                    await self._unload(model, servable)
+                metrics.forget_version(servable.name, str(servable.version))
+        for model in list(self._registry.models.values()):
+            await self._reconcile_model(model)
+
+    async def _reconcile_model(self, model: Model) -> None:
+        source = model.source
+        try:
+            on_disk = scan_versions(source.base_path)
+            self._missing_logged.discard(source.name)
+        except OSError as exc:
+            if source.name not in self._missing_logged:
+                log.warning("model=%s: %s; its loaded versions keep serving", source.name, exc,
+                            extra={"model": source.name})
+                self._missing_logged.add(source.name)
+            return
+        aspired = source.policy.aspired(sorted(on_disk))
+        now = time.monotonic()
+        to_load, _ = plan(aspired, self._states(model), self._reload_due(model, now))
+        for version in to_load:
+            if self._registry.models.get(source.name) is not model:
+                return  # removed by a config change meanwhile
+            await self._load(model, version, str(on_disk[version]))
+        _, to_unload = plan(aspired, self._states(model), ())
+        for version in to_unload:
+            await self._unload(model, model.versions[version])
+        self._forget_old(model)
+
+    @staticmethod
+    def _states(model: Model) -> dict[int, State]:
+        return {v: s.state for v, s in model.versions.items()}
+
+    @staticmethod
+    def _reload_due(model: Model, now: float) -> set[int]:
+        return {v for v, s in model.versions.items()
+                if s.state is State.END and (s.error is None or s.retry_at <= now)}
+
+    async def _load(self, model: Model, version: int, path: str) -> None:
+        name = model.source.name
+        previous = model.versions.get(version)
+        servable = Servable(name=name, version=version, path=path, state=State.LOADING,
+                            failures=previous.failures if previous is not None and previous.error else 0)
+        model.versions[version] = servable
+        labels = (name, str(version))
+        metrics.MODEL_READY.labels(*labels).set(0)
+        self._on_change()
+        started = time.monotonic()
+        fields = _fields(name, version)
+        log.info("loading model=%s version=%d path=%s", name, version, path, extra=fields)
+        try:
+            loaded = await self._worker.load(servable.id, name, version, path)
+        except (LoadError, Unavailable) as exc:
+            code = exc.code if isinstance(exc, LoadError) else UNAVAILABLE_CODE
+            servable.state = State.END
+            servable.error = (code, str(exc))
+            servable.failures += 1
+            delay = retry_delay(servable.failures)
+            servable.retry_at = time.monotonic() + delay
+            metrics.MODEL_LOAD_FAILURES.labels(*labels).inc()
+            metrics.forget_version(*labels)
+            metrics.MODEL_READY.labels(*labels).set(0)  # kept: alerts see a model with no ready version
+            log.error("model=%s version=%d failed to load (attempt %d; retrying in %gs while it is aspired): %s",
+                      name, version, servable.failures, delay, exc, extra=fields)
+            self._on_change()
+            return
+        info = loaded.info
+        servable.signature_defs = {k: meta_graph_pb2.SignatureDef.FromString(v)
+                                   for k, v in loaded.signature_defs.items()}
+        servable.predictor = Predictor(info, self._batcher_for(servable))
+        self._by_id[servable.id] = servable
+        servable.state = State.AVAILABLE
+        model.refresh()
+        metrics.MODEL_READY.labels(*labels).set(1)
+        metrics.MODEL_LOADS.labels(*labels).inc()
+        metrics.MODEL_LOAD_SECONDS.labels(name).observe(time.monotonic() - started)
+        served = sorted(set(info.signatures) - set(info.unservable))
+        log.info("available model=%s version=%d signatures=%s seconds=%.2f",
+                 name, version, ",".join(served), time.monotonic() - started, extra=fields)
+        self._on_change()
+
+    def _batcher_for(self, servable: Servable) -> Batcher:
+        settings = self._settings
+        labels = (servable.name, str(servable.version))
+        replica_rows = [metrics.REPLICA_ROWS.labels(*labels, str(i)) for i in range(self._devices)]
+        worker, servable_id = self._worker, servable.id
+
+        async def run_batch(key: Hashable, parts: Sequence[Tensors]) -> tuple[Tensors, float]:
+            assert isinstance(key, BatchKey)
+            answer = await worker.run(servable_id, key.signature, parts)
+            rows = sum(next(iter(part.values())).shape[0] for part in parts)
+            for counter, (lo, hi) in zip(replica_rows, replica_bounds(rows, len(replica_rows)), strict=True):
+                counter.inc(hi - lo)
+            return answer
+
+        batcher = Batcher(
+            run_batch,
+            max_batch_rows=settings.max_batch_size,
+            timeout_s=settings.batch_timeout_s,
+            max_auto_wait_s=settings.max_auto_wait_s,
+            max_queued_rows=settings.max_queued_rows,
+            max_inflight=settings.max_inflight_batches,
+            observer=metrics.BatcherMetrics(*labels),
+        )
+        batcher.start()
+        metrics.QUEUE_ROWS_LIMIT.labels(*labels).set(settings.max_queued_rows)
+        return batcher
+
+    async def _unload(self, model: Model, servable: Servable) -> None:
+        labels = (servable.name, str(servable.version))
+        servable.state = State.UNLOADING  # out of resolution from here on
+        model.refresh()
+        metrics.MODEL_READY.labels(*labels).set(0)
+        self._on_change()
+        fields = _fields(servable.name, servable.version)
+        log.info("unloading model=%s version=%d: finishing its queued requests", *labels, extra=fields)
+        predictor = servable.predictor
+        if predictor is not None:
+            await predictor.batcher.drain()
+        with contextlib.suppress(Unavailable):  # the worker is gone; the server is stopping anyway
+            await self._worker.unload(servable.id)
+        servable.state = State.END
+        servable.predictor = None
+        servable.signature_defs = {}
+        servable.cache.clear()
+        self._by_id.pop(servable.id, None)
+        metrics.forget_version(*labels)
+        gc.collect()  # the version's objects are younger than the start-up freeze: this frees them
+        log.info("unloaded model=%s version=%d", *labels, extra=fields)
+        self._on_change()
+
+    def _forget_old(self, model: Model) -> None:
+        ended = sorted((v for v, s in model.versions.items() if s.state is State.END and s.error is None))
+        for version in ended[:-MAX_ENDED_RECORDS]:
+            del model.versions[version]
+
+    # ---- queries -----------------------------------------------------------------------------
+
+    def servable(self, servable_id: int) -> Servable | None:
+        return self._by_id.get(servable_id)
+
+    def every_model_available(self) -> bool:
+        models = self._registry.models
+        return bool(self.configured) and all(
+            models[n].default is not None for n in self.configured if n in models)
+
+    def summary(self) -> str:
+        """model:version[,version] for every configured model, for the logs."""
+        parts = []
+        for name in self.configured:
+            model = self._registry.models.get(name)
+            versions = model.available_versions() if model else []
+            parts.append(f"{name}:{'+'.join(str(v) for v in versions) or '-'}")
+        return ",".join(parts)
+
+    async def drain(self) -> None:
+        """Finish every request queued or running in any version (the server is stopping)."""
+        for model in [*self._registry.models.values(), *self._removed]:
+            for servable in model.versions.values():
+                if servable.predictor is not None:
+                    metrics.MODEL_READY.labels(servable.name, str(servable.version)).set(0)
+                    await servable.predictor.batcher.drain()
