@@ -21,6 +21,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from server.core.model_config import parse_config_text
 from tests.deploy.conftest import ROOT, container, image_entrypoint, image_env, one, render
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -69,11 +70,20 @@ def test_server_started_as_the_deployment_passes_its_probes(model_dirs: dict[str
     mount = next(m["mountPath"] for m in main["volumeMounts"] if m["name"] == "models")
     volume = tmp_path / "models-volume"
     env = {**{k: v for k, v in image_env().items() if k.startswith("MIRRORSERVE_")}, **resolve_env(main)}
-    # The model volume, mounted where the pod mounts it: the demo SavedModel at the configured path.
-    model_path = env["MIRRORSERVE_MODEL_BASE_PATH"]
-    assert model_path.startswith(mount + "/")
-    shutil.copytree(model_dirs["demo"], volume / model_path[len(mount) + 1:])
-    env["MIRRORSERVE_MODEL_BASE_PATH"] = str(volume) + model_path[len(mount):]
+    # The ConfigMap's config file, mounted where the pod mounts it, and the model volume: the demo
+    # SavedModel at the path the config names, both mapped onto local folders.
+    config_mount = next(m["mountPath"] for m in main["volumeMounts"] if m["name"] == "config")
+    config_path = env["MIRRORSERVE_MODEL_CONFIG_FILE"]
+    assert config_path.startswith(config_mount + "/")
+    config_map = one(objects, "ConfigMap", "mirrorserve-models")
+    text = config_map["data"][config_path[len(config_mount) + 1:]]
+    (source,) = parse_config_text(text)
+    assert source.base_path.startswith(mount + "/")
+    shutil.copytree(model_dirs["demo"], volume / source.base_path[len(mount) + 1:])
+    local_config = tmp_path / "config" / "models.config"
+    local_config.parent.mkdir()
+    local_config.write_text(text.replace(f'"{mount}/', f'"{volume}/'))
+    env["MIRRORSERVE_MODEL_CONFIG_FILE"] = str(local_config)
     grpc_port = int(next(p["containerPort"] for p in main["ports"] if p["name"] == "grpc"))
     annotations = pod["metadata"]["annotations"]
     for port in (grpc_port, int(annotations["prometheus.io/port"])):

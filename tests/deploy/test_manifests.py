@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from server.config import ENV_PREFIX, build_parser, parse_settings
+from server.core.model_config import parse_config_text
 from tests.deploy.conftest import (
     DEPLOY,
     OVERLAYS,
@@ -38,8 +39,8 @@ def rendered(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]
 def test_every_rendered_object_validates(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     _, objects = rendered
     kinds = sorted(o["kind"] for o in objects)
-    assert kinds == ["Deployment", "HorizontalPodAutoscaler", "PersistentVolumeClaim", "PodDisruptionBudget",
-                     "Service", "Service"]
+    assert kinds == ["ConfigMap", "Deployment", "HorizontalPodAutoscaler", "PersistentVolumeClaim",
+                     "PodDisruptionBudget", "Service", "Service"]
     for version in KUBERNETES_VERSIONS:
         for obj in objects:
             kubernetes_validate.validate(obj, version, strict=True)
@@ -109,7 +110,13 @@ def test_pod_runs_locked_down(rendered: tuple[str, list[dict[str, Any]]]) -> Non
     mounts = {m["name"]: m for m in main["volumeMounts"]}
     assert mounts["models"]["readOnly"] is True
     assert mounts["tmp"]["mountPath"] == "/tmp", "the only writable place"
-    assert env_value(main, "MIRRORSERVE_MODEL_BASE_PATH").startswith(mounts["models"]["mountPath"] + "/")
+    config_file = env_value(main, "MIRRORSERVE_MODEL_CONFIG_FILE")
+    assert config_file.startswith(mounts["config"]["mountPath"] + "/") and mounts["config"]["readOnly"] is True
+    assert "subPath" not in mounts["config"], "a subPath mount never sees ConfigMap updates"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    config_map = one(objects, "ConfigMap", volumes["config"]["configMap"]["name"])
+    sources = parse_config_text(config_map["data"][Path(config_file).name])
+    assert sources and all(s.base_path.startswith(mounts["models"]["mountPath"] + "/") for s in sources)
     assert "command" not in main and "args" not in main, "the image's entrypoint runs the server"
 
 

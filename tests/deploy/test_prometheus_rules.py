@@ -52,7 +52,7 @@ def test_scrape_config_checks(tmp_path: Path) -> None:
 def test_alert_rules_check() -> None:
     done = promtool("check", "rules", "alerts.yml")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "4 rules found" in done.stdout
+    assert "5 rules found" in done.stdout
 
 
 def test_alert_rules_fire_on_synthetic_series() -> None:
