@@ -261,6 +261,33 @@ def test_the_official_client_reads_status_and_picks_versions_by_number_and_label
     assert report["answers"] == {"default": [3, 3], "version": [2, 2], "label": [3, 3]}
 
 
+def test_model_service_bad_requests_get_named_errors(life: Lifecycle) -> None:
+    def raw(method: str, payload: bytes) -> grpc.RpcError:
+        call = life.channel.unary_unary(f"/tensorflow.serving.ModelService/{method}")
+        with pytest.raises(grpc.RpcError) as caught:
+            call(payload, timeout=10)
+        return caught.value
+
+    for method in ("GetModelStatus", "HandleReloadConfigRequest"):
+        error = raw(method, b"\xff\xfe not a proto")
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "is not a valid" in error.details()
+    for spec, code, fragment in [
+        ({}, grpc.StatusCode.INVALID_ARGUMENT, "model_spec.name is empty"),
+        ({"name": "nope"}, grpc.StatusCode.NOT_FOUND, "model 'nope' not found; models served: alpha"),
+        ({"name": "alpha", "version": 9}, grpc.StatusCode.NOT_FOUND, "model 'alpha' version 9 not found"),
+        ({"name": "alpha", "label": "beta"}, grpc.StatusCode.NOT_FOUND, "labels: canary, stable"),
+    ]:
+        request = get_model_status_pb2.GetModelStatusRequest()
+        request.model_spec.name = spec.get("name", "")
+        if "version" in spec:
+            request.model_spec.version.value = spec["version"]
+        if "label" in spec:
+            request.model_spec.version_label = spec["label"]
+        error = raw("GetModelStatus", request.SerializeToString())
+        assert error.code() == code and fragment in error.details(), error.details()
+    assert life.served("alpha") == (3, 3)
+
+
 def test_one_models_overload_does_not_hold_up_another(life: Lifecycle) -> None:
     """Each version has its own batcher and queue bound; the shared worker runs at most
     --max-inflight-batches of a version's batches at once, so a request to another model waits
