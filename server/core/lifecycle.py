@@ -219,6 +219,7 @@ class Lifecycle:
         model.versions[version] = servable
         labels = (name, str(version))
         metrics.MODEL_READY.labels(*labels).set(0)
+        metrics.MODEL_LOAD_FAILURES.labels(*labels)  # exported at 0 from the first attempt, so alerts see it
         self._on_change()
         started = time.monotonic()
         fields = _fields(name, version)
