@@ -161,7 +161,7 @@ class PredictionServicer:
                 pair = servable.cache[key] = (metrics.REQUESTS.labels(*labels, method, code.name),
                                               metrics.REQUEST_SECONDS.labels(*labels, method))
         else:
-            model = name if name in self._registry.models else ""
+            model = self._registry.metric_label(name)
             pair = self._unresolved.get((model, method, code))
             if pair is None:
                 pair = self._unresolved[model, method, code] = (

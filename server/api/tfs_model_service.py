@@ -55,10 +55,7 @@ class ModelServiceServicer:
     def _versions(self, name: str, version: int | None, label: str | None) -> list[Servable]:
         model = self._registry.model(name)
         if label is not None:
-            if label not in model.source.labels:
-                known = ", ".join(sorted(model.source.labels)) or "none"
-                raise NotFound(f"version label '{label}' of model '{name}' not found; labels: {known}")
-            version = model.source.labels[label]
+            version = self._registry.labelled_version(model, label)
         if version is None:
             return [model.versions[v] for v in sorted(model.versions)]
         servable = model.versions.get(version)
@@ -95,7 +92,7 @@ class ModelServiceServicer:
         return response
 
     def _record(self, method: str, name: str, code: grpc.StatusCode, started: float) -> None:
-        model = name if name in self._registry.models else ""
+        model = self._registry.metric_label(name)
         metrics.REQUESTS.labels(model, "", method, code.name).inc()
         metrics.REQUEST_SECONDS.labels(model, "", method).observe(time.perf_counter() - started)
 

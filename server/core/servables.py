@@ -89,6 +89,19 @@ class Registry:
             raise NotFound(f"model '{name}' not found; models served: {self.names()}")
         return model
 
+    def metric_label(self, name: str) -> str:
+        """A requested model name as a metric label: configured names only, else "" (clients
+        must not mint label values)."""
+        return name if name in self.models else ""
+
+    @staticmethod
+    def labelled_version(model: Model, label: str) -> int:
+        labels = model.source.labels
+        if label not in labels:
+            known = ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "none"
+            raise NotFound(f"version label '{label}' of model '{model.source.name}' not found; labels: {known}")
+        return labels[label]
+
     def resolve(self, name: str, version: int | None = None, label: str | None = None) -> Servable:
         """The AVAILABLE servable a request addresses: by version, by label, or the highest."""
         model = self.model(name)
@@ -99,11 +112,7 @@ class Registry:
                 raise Unavailable(f"model '{name}' is loading; retry shortly")
             raise NotFound(f"model '{name}' has no available version{_failures(model)}")
         if label is not None:
-            labels = model.source.labels
-            if label not in labels:
-                known = ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "none"
-                raise NotFound(f"version label '{label}' of model '{name}' not found; labels: {known}")
-            version = labels[label]
+            version = self.labelled_version(model, label)
             asked = f"model '{name}' version {version} (label '{label}')"
         else:
             asked = f"model '{name}' version {version}"

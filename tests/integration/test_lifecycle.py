@@ -275,7 +275,7 @@ def test_model_service_bad_requests_get_named_errors(life: Lifecycle) -> None:
         ({}, grpc.StatusCode.INVALID_ARGUMENT, "model_spec.name is empty"),
         ({"name": "nope"}, grpc.StatusCode.NOT_FOUND, "model 'nope' not found; models served: alpha"),
         ({"name": "alpha", "version": 9}, grpc.StatusCode.NOT_FOUND, "model 'alpha' version 9 not found"),
-        ({"name": "alpha", "label": "beta"}, grpc.StatusCode.NOT_FOUND, "labels: canary, stable"),
+        ({"name": "alpha", "label": "beta"}, grpc.StatusCode.NOT_FOUND, "labels: canary=3, stable=2"),
     ]:
         request = get_model_status_pb2.GetModelStatusRequest()
         request.model_spec.name = spec.get("name", "")
