@@ -7,6 +7,11 @@ STAMP := $(VENV)/.installed
 # The official TensorFlow Serving client lives apart from our code: both define the same protos.
 OFFICIAL := $(VENV)/official
 OFFICIAL_STAMP := $(OFFICIAL)/.installed
+# Triton's client (the Open Inference Protocol tests) apart too: it registers the same `inference`
+# proto symbols as our generated code, and pins protobuf<7, which TensorFlow 2.21 does not use.
+# Its own needs (grpcio, numpy, protobuf, packaging, urllib3) are already in .venv.
+TRITON := $(VENV)/tritonclient
+TRITON_STAMP := $(TRITON)/.installed
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -22,6 +27,10 @@ $(OFFICIAL_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet --no-deps --target $(OFFICIAL) tensorflow-serving-api==2.21.0
 	touch $@
 
+$(TRITON_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --no-deps --target $(TRITON) tritonclient==2.73.0 python-rapidjson==1.25
+	touch $@
+
 serve: $(STAMP)
 	$(PY) -m server $(ARGS)
 
@@ -31,11 +40,11 @@ prometheus:
 	  echo "installing Debian's prometheus package"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 
-test: $(STAMP) $(OFFICIAL_STAMP) prometheus
+test: $(STAMP) $(OFFICIAL_STAMP) $(TRITON_STAMP) prometheus
 	$(PY) -m protos.build --check
 	$(PY) -m ruff check .
 	$(PY) -m mypy server client bench protos/build.py
-	OFFICIAL_CLIENT_PATH=$(abspath $(OFFICIAL)) $(PY) -m pytest -q $(PYTEST_ARGS)
+	OFFICIAL_CLIENT_PATH=$(abspath $(OFFICIAL)) TRITON_CLIENT_PATH=$(abspath $(TRITON)) $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # The performance table (build/bench/results.md): minutes; run it on a quiet machine.
 bench: $(STAMP)

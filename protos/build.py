@@ -5,7 +5,8 @@ ships only their compiled modules, not the sources, so we hand protoc the descri
 installed TensorFlow registers at run time (`--descriptor_set_in`). The generated code then binds
 to exactly the message definitions the server process uses, and nothing is copied.
 
-Usage: `python -m protos.build` regenerates; `python -m protos.build --check` exits 1 when the
+Sources: protos/tensorflow_serving (TF Serving's API and config) and protos/inference (the Open
+Inference Protocol). Usage: `python -m protos.build` regenerates; `python -m protos.build --check` exits 1 when the
 committed modules differ from what the pinned grpcio-tools would generate now.
 """
 
@@ -21,7 +22,9 @@ from google.protobuf import descriptor_pb2
 from google.protobuf.descriptor import FileDescriptor
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = sorted((ROOT / "protos" / "tensorflow_serving").glob("*.proto"))
+PACKAGES = ("tensorflow_serving", "inference")
+"""Folders of protos/ holding .proto sources, each compiled into modules beside them."""
+SOURCES = sorted(p for package in PACKAGES for p in (ROOT / "protos" / package).glob("*.proto"))
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
 
@@ -49,7 +52,7 @@ def _tensorflow_descriptor_set() -> bytes:
 
 
 def generate(out_dir: Path) -> list[Path]:
-    """Run protoc over SOURCES, writing modules under out_dir/protos/tensorflow_serving."""
+    """Run protoc over SOURCES, writing modules under out_dir/protos/<package>."""
     import grpc_tools
     from grpc_tools import protoc
 
@@ -69,8 +72,8 @@ def generate(out_dir: Path) -> list[Path]:
         args.insert(2, f"--proto_path={Path(grpc_tools.__file__).parent / '_proto'}")
         if protoc.main(args) != 0:
             raise SystemExit("protoc failed")
-    gen_dir = out_dir / "protos" / "tensorflow_serving"
-    return sorted(p for p in gen_dir.iterdir() if p.name.endswith(GENERATED_SUFFIXES))
+    return sorted(p for package in PACKAGES for p in (out_dir / "protos" / package).iterdir()
+                  if p.name.endswith(GENERATED_SUFFIXES))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,15 +82,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.check:
         written = generate(ROOT)
-        print(f"generated {len(written)} files under protos/tensorflow_serving")
+        print(f"generated {len(written)} files under protos/{{{','.join(PACKAGES)}}}")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        fresh = generate(Path(tmp))
-        committed_dir = ROOT / "protos" / "tensorflow_serving"
-        committed = sorted(p for p in committed_dir.iterdir() if p.name.endswith(GENERATED_SUFFIXES))
-        stale = [p.name for p in fresh if not (committed_dir / p.name).exists()
-                 or not filecmp.cmp(p, committed_dir / p.name, shallow=False)]
-        extra = sorted({p.name for p in committed} - {p.name for p in fresh})
+        fresh = {p.relative_to(tmp).as_posix(): p for p in generate(Path(tmp))}
+        committed = {p.relative_to(ROOT).as_posix(): p for package in PACKAGES
+                     for p in (ROOT / "protos" / package).iterdir() if p.name.endswith(GENERATED_SUFFIXES)}
+        stale = [name for name, p in fresh.items()
+                 if name not in committed or not filecmp.cmp(p, committed[name], shallow=False)]
+        extra = sorted(set(committed) - set(fresh))
         if stale or extra:
             print(f"generated protos are stale: differ={stale} extra={extra}; run `make protos`")
             return 1

@@ -2,7 +2,7 @@
 
 Decoding follows `tensor_util.MakeNdarray`: raw little-endian `tensor_content` is the fast path;
 otherwise the typed field that matches the dtype holds either every element or exactly one value
-that fills the whole shape (half travels as uint16 bits in `half_val`). We are stricter than
+that fills the whole shape (half and bfloat16 travel as uint16 bits in `half_val`). We are stricter than
 TensorFlow in two places, because each hides a client bug: a value count that is neither 1 nor the
 element count is refused (TensorFlow pads with the last value), and values in a field that does not
 match the dtype are refused (TensorFlow ignores them).
@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 
@@ -30,6 +31,7 @@ class _DType:
 
 _TABLE = (
     _DType(types_pb2.DT_HALF, np.dtype("<f2"), "half_val"),
+    _DType(types_pb2.DT_BFLOAT16, np.dtype(ml_dtypes.bfloat16), "half_val"),
     _DType(types_pb2.DT_FLOAT, np.dtype("<f4"), "float_val"),
     _DType(types_pb2.DT_DOUBLE, np.dtype("<f8"), "double_val"),
     _DType(types_pb2.DT_INT8, np.dtype("i1"), "int_val"),
@@ -156,7 +158,7 @@ def to_ndarray(proto: tensor_pb2.TensorProto, *, name: str, max_bytes: int) -> n
         # protobuf converts the whole field at once; narrow integer types travel widened
         # (int8..uint16 in int_val, half bits in half_val), so check their range before casting.
         wide = np.asarray(values)
-        narrow = np.dtype(np.uint16) if entry.enum == types_pb2.DT_HALF else entry.numpy
+        narrow = np.dtype(np.uint16) if entry.enum in (types_pb2.DT_HALF, types_pb2.DT_BFLOAT16) else entry.numpy
         if narrow.kind in "iu" and wide.size and wide.dtype != narrow:
             info = np.iinfo(narrow)
             low, high = int(wide.min()), int(wide.max())

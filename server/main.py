@@ -28,10 +28,8 @@ import grpc
 from prometheus_client import start_http_server
 
 from server import event_loop, logs, metrics
+from server.api import tfs, tfs_model_service, v2
 from server.api.health import Health, add_health_and_reflection
-from server.api.tfs import PredictionServicer, add_to_server
-from server.api.tfs_model_service import ModelServiceServicer
-from server.api.tfs_model_service import add_to_server as add_model_service
 from server.config import Settings, parse_settings
 from server.core import model_config
 from server.core.lifecycle import Lifecycle, check_base_paths
@@ -84,11 +82,15 @@ async def serve(settings: Settings) -> int:
     sources = _configured_sources(settings)
     config_text = Path(settings.model_config_file).read_text() if settings.model_config_file else ""
     registry = Registry()
-    health = Health()
+    health = Health((tfs.SERVICE.full_name, tfs_model_service.SERVICE.full_name, v2.SERVICE.full_name))
     await health.set_serving(False)
-    servicer = PredictionServicer(registry, settings.max_message_bytes)
+    servicer = tfs.PredictionServicer(registry, settings.max_message_bytes)
+    announced = False
+    v2_servicer = v2.V2Servicer(registry, settings.max_message_bytes, lambda: announced and not stop.is_set())
+    front_ends = (servicer, v2_servicer)
     server = grpc.aio.server(options=_grpc_options(settings), maximum_concurrent_rpcs=settings.max_concurrent_rpcs)
-    add_to_server(servicer, server)
+    tfs.add_to_server(servicer, server)
+    v2.add_to_server(v2_servicer, server)
     credentials = _server_credentials(settings)
     address = f"[::]:{settings.port}"
     port = server.add_insecure_port(address) if credentials is None else server.add_secure_port(address, credentials)
@@ -123,7 +125,6 @@ async def serve(settings: Settings) -> int:
                 seen[name] = total
 
     worker = ModelProcess(settings, on_traces=count_traces, on_lost=worker_lost)
-    announced = False
 
     async def announce() -> None:
         # Loading TensorFlow and the models leaves ~270k Python objects; one full garbage
@@ -151,7 +152,7 @@ async def serve(settings: Settings) -> int:
             announced = True
             tasks.append(loop.create_task(announce(), name="announce"))
 
-    add_model_service(ModelServiceServicer(registry, lambda: lifecycle), server)
+    tfs_model_service.add_to_server(tfs_model_service.ModelServiceServicer(registry, lambda: lifecycle), server)
     add_health_and_reflection(server, health)
     await server.start()
     log.info("listening grpc_port=%d metrics_port=%d tls=%s; loading models (health NOT_SERVING)",
@@ -183,17 +184,18 @@ async def serve(settings: Settings) -> int:
     # Refuse in our own handlers first (a clean UNAVAILABLE) while the accepted requests finish;
     # grpc's own stop comes after, when nothing of ours is left in flight. Calls caught inside
     # grpc's queue at that instant are cancelled by grpc itself.
-    servicer.refuse_new()
+    for front_end in front_ends:
+        front_end.refuse_new()
     deadline = stop_requested_at[0] + settings.grace_period_s - 0.5  # leave time to exit
-    log.info("refusing new RPCs; finishing %d accepted", servicer.in_flight)
-    while servicer.in_flight and time.monotonic() < deadline:
+    log.info("refusing new RPCs; finishing %d accepted", sum(f.in_flight for f in front_ends))
+    while any(f.in_flight for f in front_ends) and time.monotonic() < deadline:
         await asyncio.sleep(0.005)
     await server.stop(grace=max(deadline - time.monotonic(), 0.1))
     await lifecycle.drain()
     worker.close()
-    lost = servicer.accepted - servicer.answered
-    log.log(logging.WARNING if lost else logging.INFO,
-            "drained: accepted=%d answered=%d", servicer.accepted, servicer.answered)
+    accepted, answered = sum(f.accepted for f in front_ends), sum(f.answered for f in front_ends)
+    log.log(logging.WARNING if accepted > answered else logging.INFO,
+            "drained: accepted=%d answered=%d", accepted, answered)
     return exit_code
 
 

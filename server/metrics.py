@@ -1,7 +1,7 @@
 """Prometheus metrics, declared once at import (architecture.md, example 12).
 
 Names carry base units, histograms have explicit buckets (aggregatable across pods, unlike
-summaries), and label sets are small and bounded: model and version (only configured models; a
+summaries), and label sets are small and bounded: protocol, model and version (only configured models; a
 request for an unknown one counts under model=""), method, code, replica, reason, signature. The
 gauges of a version are removed when it is unloaded, so none lingers for versions long gone.
 """
@@ -21,13 +21,14 @@ LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0, 300.0)
 
 REQUESTS = Counter(
     "mirrorserve_requests_total",
-    "RPCs answered, by model, version (empty when none was resolved), method and gRPC status code.",
-    ["model", "version", "method", "code"],
+    "RPCs answered, by protocol (tfserving, v2), model, version (empty when none was resolved), method "
+    "and gRPC status code.",
+    ["protocol", "model", "version", "method", "code"],
 )
 REQUEST_SECONDS = Histogram(
     "mirrorserve_request_duration_seconds",
-    "Server-side time from receiving an RPC to its answer, by model, version and method.",
-    ["model", "version", "method"], buckets=LATENCY_BUCKETS,
+    "Server-side time from receiving an RPC to its answer, by protocol, model, version and method.",
+    ["protocol", "model", "version", "method"], buckets=LATENCY_BUCKETS,
 )
 QUEUE_SECONDS = Histogram(
     "mirrorserve_queue_duration_seconds",

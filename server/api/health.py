@@ -3,35 +3,34 @@
 Health says NOT_SERVING (overall, "", and per service) until every model of the start-up config
 has an AVAILABLE version, SERVING after, and NOT_SERVING again from the moment a drain starts.
 Models added later by a config change do not flip a serving pod back (GetModelStatus tells
-their state): a ConfigMap change reaches every pod at once, and must not take them all out. Service names are taken from
-the descriptors, never typed out (architecture.md, example 10).
+their state): a ConfigMap change reaches every pod at once, and must not take them all out.
+The services are named by main from each front-end's descriptor, never typed out
+(architecture.md, example 10); this module imports no front-end.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from protos.tensorflow_serving import model_service_pb2, prediction_service_pb2
-
-PREDICTION_SERVICE = prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"].full_name
-MODEL_SERVICE = model_service_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-SERVED = ("", PREDICTION_SERVICE, MODEL_SERVICE)
-"""Names health reports on: "" is the whole server (what Kubernetes' grpc probe asks by default)."""
 
 
 class Health:
     """Create inside the running event loop: the servicer holds asyncio conditions."""
 
-    def __init__(self) -> None:
+    def __init__(self, services: Sequence[str]) -> None:
         self.servicer = health.aio.HealthServicer()
+        self.names = ("", *services)
+        """Names health reports on: "" is the whole server (what Kubernetes' grpc probe asks by default)."""
 
     async def set_serving(self, serving: bool) -> None:
         status = (health_pb2.HealthCheckResponse.SERVING if serving
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
-        for name in SERVED:
+        for name in self.names:
             await self.servicer.set(name, status)
 
     async def start_drain(self) -> None:
@@ -41,5 +40,5 @@ class Health:
 
 def add_health_and_reflection(server: grpc.aio.Server, checks: Health) -> None:
     health_pb2_grpc.add_HealthServicer_to_server(checks.servicer, server)
-    names = (PREDICTION_SERVICE, MODEL_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME)
+    names = (*[n for n in checks.names if n], HEALTH_SERVICE, reflection.SERVICE_NAME)
     reflection.enable_server_reflection(names, server)

@@ -5,8 +5,10 @@ never as str(exc)."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from server.errors import (
     DeadlineExceeded,
@@ -39,3 +41,12 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         return STATUS_FOR[type(exc)], str(exc)
     log.error("unexpected error while serving a request", exc_info=exc)
     return grpc.StatusCode.INTERNAL, "internal error"
+
+
+def parse(message_type: Any, raw: bytes) -> Any:
+    """A request message from its raw bytes: handlers take bytes and parse them here, so a
+    malformed message is INVALID_ARGUMENT naming the problem (grpc's deserializer says INTERNAL)."""
+    try:
+        return message_type.FromString(raw)
+    except DecodeError as exc:
+        raise InvalidInput(f"the request is not a valid {message_type.DESCRIPTOR.full_name}: {exc}") from None

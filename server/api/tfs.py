@@ -9,16 +9,19 @@ import time
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from protos.tensorflow_serving import get_model_metadata_pb2, model_pb2, predict_pb2, prediction_service_pb2
 from server import codec, metrics
-from server.api.status import status_for
+from server.api.recording import Recorder
+from server.api.status import parse, status_for
 from server.core.servables import Registry, Servable
 from server.errors import InvalidInput, ModelFailure
 
 log = logging.getLogger(__name__)
 
+SERVICE = prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"]
+PROTOCOL = "tfserving"
+"""The protocol label of this front-end's request metrics."""
 SIGNATURE_DEF = "signature_def"
 QUEUE_TRAILER = "mirrorserve-queue-seconds"
 COMPUTE_TRAILER = "mirrorserve-compute-seconds"
@@ -49,7 +52,7 @@ class PredictionServicer:
     def __init__(self, registry: Registry, max_tensor_bytes: int) -> None:
         self._registry = registry
         self._max_tensor_bytes = max_tensor_bytes
-        self._unresolved: dict[tuple[str, str, grpc.StatusCode], tuple[Any, Any]] = {}
+        self._recorder = Recorder(registry, PROTOCOL)
         self.accepted = 0
         self.answered = 0
         self._refusing = False
@@ -151,36 +154,12 @@ class PredictionServicer:
 
     def _record(self, method: str, code: grpc.StatusCode, started: float, servable: Servable | None,
                 name: str) -> None:
-        """Count the RPC under its version when one was resolved, else under its model if that is
-        configured, else under model="" (so clients cannot mint label values)."""
-        if servable is not None:
-            key: tuple[Any, ...] = ("metrics", method, code)
-            pair = servable.cache.get(key)
-            if pair is None:
-                labels = (servable.name, str(servable.version))
-                pair = servable.cache[key] = (metrics.REQUESTS.labels(*labels, method, code.name),
-                                              metrics.REQUEST_SECONDS.labels(*labels, method))
-        else:
-            model = self._registry.metric_label(name)
-            pair = self._unresolved.get((model, method, code))
-            if pair is None:
-                pair = self._unresolved[model, method, code] = (
-                    metrics.REQUESTS.labels(model, "", method, code.name),
-                    metrics.REQUEST_SECONDS.labels(model, "", method))
-        pair[0].inc()
-        pair[1].observe(time.perf_counter() - started)
-
-
-def parse(message_type: Any, raw: bytes) -> Any:
-    try:
-        return message_type.FromString(raw)
-    except DecodeError as exc:
-        raise InvalidInput(f"the request is not a valid {message_type.DESCRIPTOR.full_name}: {exc}") from None
+        self._recorder.record(method, code, started, servable, name)
 
 
 def add_to_server(servicer: PredictionServicer, server: grpc.aio.Server) -> None:
     """Register the PredictionService methods, names taken from the service descriptor."""
-    service = prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"]
+    service = SERVICE
     handlers = {
         "Predict": grpc.unary_unary_rpc_method_handler(
             servicer.predict, response_serializer=predict_pb2.PredictResponse.SerializeToString),

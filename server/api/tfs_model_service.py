@@ -17,15 +17,16 @@ from typing import Any
 import grpc
 
 from protos.tensorflow_serving import get_model_status_pb2, model_management_pb2, model_service_pb2
-from server import metrics
-from server.api.status import status_for
-from server.api.tfs import parse, version_choice
+from server.api.recording import Recorder
+from server.api.status import parse, status_for
+from server.api.tfs import PROTOCOL, version_choice
 from server.core.lifecycle import Lifecycle, check_base_paths
 from server.core.model_config import ConfigError, from_proto
 from server.core.servables import Registry, Servable
 from server.errors import InvalidInput, NotFound, Unavailable
 
 OK = 0
+SERVICE = model_service_pb2.DESCRIPTOR.services_by_name["ModelService"]
 
 
 class ModelServiceServicer:
@@ -33,6 +34,7 @@ class ModelServiceServicer:
         """`lifecycle` returns None until the model worker has started."""
         self._registry = registry
         self._lifecycle = lifecycle
+        self._recorder = Recorder(registry, PROTOCOL)
 
     async def get_model_status(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         started = time.perf_counter()
@@ -92,14 +94,12 @@ class ModelServiceServicer:
         return response
 
     def _record(self, method: str, name: str, code: grpc.StatusCode, started: float) -> None:
-        model = self._registry.metric_label(name)
-        metrics.REQUESTS.labels(model, "", method, code.name).inc()
-        metrics.REQUEST_SECONDS.labels(model, "", method).observe(time.perf_counter() - started)
+        self._recorder.record(method, code, started, None, name)
 
 
 def add_to_server(servicer: ModelServiceServicer, server: grpc.aio.Server) -> None:
     """Register the ModelService methods, names taken from the service descriptor."""
-    service = model_service_pb2.DESCRIPTOR.services_by_name["ModelService"]
+    service = SERVICE
     handlers = {
         "GetModelStatus": grpc.unary_unary_rpc_method_handler(
             servicer.get_model_status,

@@ -3,6 +3,7 @@
 Each is tiny and deterministic, made to expose one property of the server:
 - echo: returns its int64 rows unchanged, so a test can see whose rows came back, in what order.
 - multi: two float/int inputs, a second signature, and a string signature: input validation.
+- logic: boolean inputs and outputs.
 - tagged: answers with its own version number: which version served a request (lifecycle).
 """
 
@@ -101,4 +102,18 @@ class Tagged(tf.Module):
 def build_tagged(version_dir: Path, version: int) -> None:
     """A model of the tagged family, saved as `version`."""
     module = Tagged(version)
+    tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.serve})
+
+
+class Logic(tf.Module):
+    """Boolean rows: whether any and whether all of a row's three flags are set, and how many."""
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.bool, name="flags")])
+    def serve(self, flags: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {"any": tf.reduce_any(flags, axis=1), "all": tf.reduce_all(flags, axis=1),
+                "count": tf.reduce_sum(tf.cast(flags, tf.int64), axis=1)}
+
+
+def build_logic(version_dir: Path) -> None:
+    module = Logic()
     tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.serve})

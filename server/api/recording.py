@@ -1,0 +1,41 @@
+"""Counting and timing every RPC of every front-end the same way (mirrorserve_requests_total and
+mirrorserve_request_duration_seconds), labelled by protocol, model, version, method and code."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import grpc
+
+from server import metrics
+from server.core.servables import Registry, Servable
+
+
+class Recorder:
+    def __init__(self, registry: Registry, protocol: str) -> None:
+        self._registry = registry
+        self._protocol = protocol
+        self._unresolved: dict[tuple[str, str, grpc.StatusCode], tuple[Any, Any]] = {}
+
+    def record(self, method: str, code: grpc.StatusCode, started: float, servable: Servable | None = None,
+               name: str = "") -> None:
+        """Count the RPC under its version when one was resolved, else under its model if that is
+        configured, else under model="" (so clients cannot mint label values). The metric children
+        are looked up once per (version, method, code) and kept."""
+        if servable is not None:
+            key: tuple[Any, ...] = ("metrics", self._protocol, method, code)
+            pair = servable.cache.get(key)
+            if pair is None:
+                labels = (self._protocol, servable.name, str(servable.version))
+                pair = servable.cache[key] = (metrics.REQUESTS.labels(*labels, method, code.name),
+                                              metrics.REQUEST_SECONDS.labels(*labels, method))
+        else:
+            model = self._registry.metric_label(name)
+            pair = self._unresolved.get((model, method, code))
+            if pair is None:
+                pair = self._unresolved[model, method, code] = (
+                    metrics.REQUESTS.labels(self._protocol, model, "", method, code.name),
+                    metrics.REQUEST_SECONDS.labels(self._protocol, model, "", method))
+        pair[0].inc()
+        pair[1].observe(time.perf_counter() - started)

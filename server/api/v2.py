@@ -1,0 +1,213 @@
+"""inference.GRPCInferenceService (the Open Inference Protocol, KServe v2) over grpc.aio. Like
+the TF Serving front-end it only translates: the request to a servable (server.core.servables),
+a signature and named arrays, one call into the same Predictor (so v2 and TF Serving requests of a
+model share its batches), and the outputs back as raw_output_contents.
+
+One signature per model is exposed: serving_default, or the one a request names with the string
+parameter `signature_name`. Versions are the protocol's strings: empty for the highest available.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from protos.inference import grpc_service_pb2 as pb
+from server import metrics
+from server.api import v2_codec
+from server.api.recording import Recorder
+from server.api.status import parse, status_for
+from server.core.servables import Registry, Servable
+from server.core.signatures import DEFAULT_SIGNATURE, Signature
+from server.errors import InvalidInput, ModelFailure, NotFound, Unavailable
+
+PROTOCOL = "v2"
+SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+SERVER_NAME = "mirrorserve"
+PLATFORM = "tensorflow_savedmodel"
+SIGNATURE_PARAMETER = "signature_name"
+_CONTENT_FIELDS = v2_codec.CONTENT_FIELDS
+
+
+def _server_version() -> str:
+    try:
+        return importlib.metadata.version(SERVER_NAME)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _version(text: str, where: str) -> int | None:
+    if not text:
+        return None
+    if not text.isdigit():
+        raise InvalidInput(f"{where} '{text}' is not a version number")
+    return int(text)
+
+
+class V2Servicer:
+    def __init__(self, registry: Registry, max_tensor_bytes: int, ready: Callable[[], bool]) -> None:
+        """`ready` says whether the server as a whole is ready (every start-up model serves and
+        no drain has begun), as health does."""
+        self._registry = registry
+        self._max_tensor_bytes = max_tensor_bytes
+        self._ready = ready
+        self._recorder = Recorder(registry, PROTOCOL)
+        self._metadata = pb.ServerMetadataResponse(name=SERVER_NAME, version=_server_version())
+        self.accepted = 0
+        self.answered = 0
+        self._refusing = False
+
+    @property
+    def in_flight(self) -> int:
+        return self.accepted - self.answered
+
+    def refuse_new(self) -> None:
+        self._refusing = True
+
+    async def server_live(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        return pb.ServerLiveResponse(live=True)
+
+    async def server_ready(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        return pb.ServerReadyResponse(ready=self._ready() and not self._refusing)
+
+    async def server_metadata(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        return self._metadata
+
+    async def model_ready(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        """Ready or not; only a malformed request is an error (an unknown model is not ready)."""
+        started = time.perf_counter()
+        try:
+            request = parse(pb.ModelReadyRequest, raw)
+            version = _version(request.version, "version")
+            try:
+                self._registry.resolve(request.name, version)
+                ready = not self._refusing
+            except (NotFound, Unavailable):
+                ready = False
+        except Exception as exc:
+            code, message = status_for(exc)
+            self._recorder.record("ModelReady", code, started)
+            await context.abort(code, message)
+        self._recorder.record("ModelReady", grpc.StatusCode.OK, started)
+        return pb.ModelReadyResponse(ready=ready)
+
+    async def model_metadata(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        started = time.perf_counter()
+        servable: Servable | None = None
+        name = ""
+        try:
+            request = parse(pb.ModelMetadataRequest, raw)
+            name = request.name
+            servable = self._registry.resolve(name, _version(request.version, "version"))
+            assert servable.predictor is not None
+            signature = servable.predictor.signature(DEFAULT_SIGNATURE)
+            response = pb.ModelMetadataResponse(
+                name=servable.name, platform=PLATFORM,
+                versions=[str(v) for v in self._registry.models[servable.name].available_versions()])
+            for specs, into in ((signature.inputs, response.inputs), (signature.outputs, response.outputs)):
+                for tensor, spec in specs.items():
+                    shape = [] if spec.shape is None else [-1 if d is None else d for d in spec.shape]
+                    into.add(name=tensor, datatype=v2_codec.datatype_of(spec.dtype), shape=shape)
+        except Exception as exc:
+            code, message = status_for(exc)
+            self._recorder.record("ModelMetadata", code, started, servable, name)
+            await context.abort(code, message)
+        self._recorder.record("ModelMetadata", grpc.StatusCode.OK, started, servable, name)
+        return response
+
+    async def model_infer(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        started = time.perf_counter()
+        if self._refusing:
+            self._recorder.record("ModelInfer", grpc.StatusCode.UNAVAILABLE, started)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry on another replica")
+        self.accepted += 1
+        servable: Servable | None = None
+        name = ""
+        try:
+            try:
+                remaining = context.time_remaining()
+                deadline = None if remaining is None else time.monotonic() + remaining
+                request = parse(pb.ModelInferRequest, raw)
+                name = request.model_name
+                servable = self._registry.resolve(name, _version(request.model_version, "model_version"))
+                predictor = servable.predictor
+                assert predictor is not None
+                signature = predictor.signature(_signature_name(request.parameters))
+                inputs = self._inputs(request)
+                wanted = [o.name for o in request.outputs]
+                answer = await predictor.predict(signature, inputs, wanted, deadline)
+                response = _response(request, servable, signature, wanted, answer.outputs)
+            except Exception as exc:
+                if isinstance(exc, ModelFailure) and servable is not None:
+                    metrics.MODEL_FAILURES.labels(servable.name, str(servable.version)).inc()
+                code, message = status_for(exc)
+                self._recorder.record("ModelInfer", code, started, servable, name)
+                await context.abort(code, message)
+            self._recorder.record("ModelInfer", grpc.StatusCode.OK, started, servable, name)
+            return response
+        finally:
+            self.answered += 1
+
+    def _inputs(self, request: Any) -> dict[str, Any]:
+        raws = request.raw_input_contents
+        if raws and len(raws) != len(request.inputs):
+            raise InvalidInput(f"raw_input_contents has {len(raws)} entries for {len(request.inputs)} inputs; "
+                               f"send one per input, in the order of inputs")
+        inputs = {}
+        for index, tensor in enumerate(request.inputs):
+            if tensor.name in inputs:
+                raise InvalidInput(f"input '{tensor.name}' is given twice")
+            typed = {f.name: v for f, v in tensor.contents.ListFields()} if tensor.HasField("contents") else {}
+            if raws:
+                if typed:
+                    raise InvalidInput(f"input '{tensor.name}' has typed contents and raw_input_contents is "
+                                       f"used too; send all inputs one way")
+                inputs[tensor.name] = v2_codec.decode_raw(tensor.name, tensor.datatype, tensor.shape, raws[index],
+                                                          self._max_tensor_bytes)
+            else:
+                inputs[tensor.name] = v2_codec.decode_contents(tensor.name, tensor.datatype, tensor.shape, typed,
+                                                               self._max_tensor_bytes)
+        return inputs
+
+
+def _signature_name(parameters: Any) -> str:
+    if SIGNATURE_PARAMETER not in parameters:
+        return DEFAULT_SIGNATURE
+    value = parameters[SIGNATURE_PARAMETER]
+    if value.WhichOneof("parameter_choice") != "string_param":
+        raise InvalidInput(f"parameter '{SIGNATURE_PARAMETER}' must be a string")
+    return str(value.string_param) or DEFAULT_SIGNATURE
+
+
+def _response(request: Any, servable: Servable, signature: Signature, wanted: list[str],
+              outputs: dict[str, Any]) -> Any:
+    response = pb.ModelInferResponse(model_name=servable.name, model_version=str(servable.version), id=request.id)
+    for output in wanted or [n for n in signature.outputs if n in outputs]:
+        array = outputs[output]
+        datatype, data = v2_codec.encode_raw(array)
+        response.outputs.add(name=output, datatype=datatype, shape=array.shape)
+        response.raw_output_contents.append(data)
+    return response
+
+
+def add_to_server(servicer: V2Servicer, server: grpc.aio.Server) -> None:
+    """Register the GRPCInferenceService methods, names taken from the service descriptor."""
+    responses: dict[str, tuple[Callable[..., Any], Any]] = {
+        "ServerLive": (servicer.server_live, pb.ServerLiveResponse),
+        "ServerReady": (servicer.server_ready, pb.ServerReadyResponse),
+        "ModelReady": (servicer.model_ready, pb.ModelReadyResponse),
+        "ServerMetadata": (servicer.server_metadata, pb.ServerMetadataResponse),
+        "ModelMetadata": (servicer.model_metadata, pb.ModelMetadataResponse),
+        "ModelInfer": (servicer.model_infer, pb.ModelInferResponse),
+    }
+    handlers = {
+        method: grpc.unary_unary_rpc_method_handler(handler, response_serializer=response.SerializeToString)
+        for method, (handler, response) in responses.items()
+    }
+    assert set(handlers) == {m.name for m in SERVICE.methods}, "handlers and protos disagree"
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
+
