@@ -183,3 +183,26 @@ def test_servicemonitor_component_selects_the_metrics_port(tmp_path: Path) -> No
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
     annotations = one(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]
     assert endpoint["path"] == annotations["prometheus.io/path"]
+
+
+def test_kserve_inference_service_runs_the_server_on_a_v2_grpc_port() -> None:
+    """The KServe manifest: a custom predictor whose gRPC port Knative routes (named h2c), every
+    variable a server flag, the config file from its own ConfigMap parsing as a model config."""
+    objects = list(yaml.safe_load_all((DEPLOY / "kserve" / "inferenceservice.yaml").read_text()))
+    (config_map,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    (service,) = [o for o in objects if o["kind"] == "InferenceService"]
+    assert service["apiVersion"] == "serving.kserve.io/v1beta1"
+    predictor = service["spec"]["predictor"]
+    (main,) = predictor["containers"]
+    env = {v["name"]: v["value"] for v in main["env"]}
+    flags = {ENV_PREFIX + a.dest.upper() for a in build_parser()._actions if a.dest != "help"}
+    assert set(env) <= flags, set(env) - flags
+    (port,) = main["ports"]
+    assert (port["name"], port["containerPort"]) == ("h2c", int(env["MIRRORSERVE_PORT"]))
+    assert main["readinessProbe"]["grpc"]["port"] == port["containerPort"]
+    mounts = {m["name"]: m["mountPath"] for m in main["volumeMounts"]}
+    volumes = {v["name"]: v for v in predictor["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == config_map["metadata"]["name"]
+    assert env["MIRRORSERVE_MODEL_CONFIG_FILE"].startswith(mounts["config"] + "/")
+    sources = parse_config_text(config_map["data"][Path(env["MIRRORSERVE_MODEL_CONFIG_FILE"]).name])
+    assert all(s.base_path.startswith(mounts["models"] + "/") for s in sources)

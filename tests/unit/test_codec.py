@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import tracemalloc
 
+import ml_dtypes
 import numpy as np
 import pytest
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
@@ -300,8 +301,19 @@ def test_dtype_helpers() -> None:
     assert dtype_enum(np.dtype("U3")) == types_pb2.DT_STRING
     assert dtype_enum(np.dtype("S3")) == types_pb2.DT_STRING
     assert dtype_enum(np.dtype(object)) == types_pb2.DT_STRING
-    with pytest.raises(InvalidInput, match="unsupported dtype DT_BFLOAT16"):
-        numpy_dtype(types_pb2.DT_BFLOAT16)
+    assert numpy_dtype(types_pb2.DT_BFLOAT16) == np.dtype(ml_dtypes.bfloat16)
+    assert dtype_enum(np.dtype(ml_dtypes.bfloat16)) == types_pb2.DT_BFLOAT16
+    with pytest.raises(InvalidInput, match="unsupported dtype DT_COMPLEX128"):
+        numpy_dtype(types_pb2.DT_COMPLEX128)
+
+
+def test_bfloat16_travels_raw_and_as_half_val_bits() -> None:
+    values = np.array([[1.5, -2.0, 0.0078125]], dtype=ml_dtypes.bfloat16)
+    back = to_ndarray(to_tensor_proto(values), name="b", max_bytes=1024)
+    assert back.dtype == np.dtype(ml_dtypes.bfloat16) and back.tobytes() == values.tobytes()
+    typed = proto(types_pb2.DT_BFLOAT16, [3])
+    typed.half_val.extend(values.ravel().view(np.uint16).tolist())
+    assert to_ndarray(typed, name="b", max_bytes=1024).tobytes() == values.tobytes()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,7 +330,7 @@ def refusal(p: tensor_pb2.TensorProto, name: str = "the_input", max_bytes: int =
 
 
 @pytest.mark.parametrize(
-    "dtype", [types_pb2.DT_COMPLEX64, types_pb2.DT_RESOURCE, types_pb2.DT_BFLOAT16, types_pb2.DT_VARIANT]
+    "dtype", [types_pb2.DT_COMPLEX64, types_pb2.DT_RESOURCE, types_pb2.DT_QINT8, types_pb2.DT_VARIANT]
 )
 def test_unsupported_dtype(dtype: int) -> None:
     message = refusal(proto(dtype, [1]))
