@@ -5,7 +5,8 @@ For an overhead-bound model (mlp) and a compute-bound one (cnn), it measures
       servers start and again after they stop; the ratios use the higher of the two;
   (b) the wire ceiling: a grpc.aio server replaying one precomputed response (bench.fixed_server);
   (c) this server with batching off (--max-batch-size 1);
-  (d) this server with its defaults;
+  (d) this server with its defaults, over TF Serving's Predict and over the Open Inference
+      Protocol's ModelInfer (same server, same turns: v2's CPU per request against Predict's);
 each server under `python -m client bench` at 1, 4, 16 and 64 concurrent 1-row callers (4: where
 waiting for more rows could cost more than it gains), and writes a
 markdown table with the ratios (build/bench/results.md) and the raw figures (results.json).
@@ -102,12 +103,12 @@ def start_fixed(response: Path, work: Path, label: str) -> tuple[Process, str]:
 
 
 def measure(target: str, model: str, input_file: Path, opts: argparse.Namespace, concurrency: int,
-            server_pid: int | None = None) -> dict[str, Any]:
+            server_pid: int | None = None, protocol: str = "tfserving") -> dict[str, Any]:
     name = SHAPES[model][0]
     cpu_of = [] if server_pid is None else ["--cpu-of", str(server_pid)]
     (run,) = run_json(
         ["-m", "client", "bench", "--target", target, "--model", model, "--no-metadata",
-         "--input", f"{name}={input_file}", "--concurrency", str(concurrency),
+         "--input", f"{name}={input_file}", "--concurrency", str(concurrency), "--protocol", protocol,
          "--warmup-s", str(opts.warmup_s), "--seconds", str(opts.seconds), *cpu_of],
         timeout=600,
     )
@@ -201,8 +202,23 @@ def report(results: dict[str, Any], opts: argparse.Namespace) -> str:
                          f"| {cpu(off, 'client_cpu_us')} | {server_cpu(off)} | {cpu(off, 'server_children_cpu_us')} "
                          f"| {cpu(default, 'client_cpu_us')} | {server_cpu(default)} "
                          f"| {cpu(default, 'server_children_cpu_us')} |")
+        lines += ["", "Open Inference Protocol (v2 ModelInfer, raw contents) against TF Serving's Predict, the same "
+                  "default server measured in the same turns; CPU per request of the server and its model worker "
+                  "together (the goal: v2 / Predict <= 1.10):", "",
+                  "| clients | Predict req/s | v2 req/s | Predict server CPU µs | v2 server CPU µs "
+                  "| v2 / Predict CPU |",
+                  "|---|---|---|---|---|---|"]
+        for default, v2 in zip(r["default"], r["v2"], strict=True):
+            tfs_cpu, v2_cpu = all_server_cpu(default), all_server_cpu(v2)
+            lines.append(f"| {default['concurrency']} | {rate(default)} | {rate(v2)} | {tfs_cpu:,.0f} "
+                         f"| {v2_cpu:,.0f} | {ratio(v2_cpu, tfs_cpu)} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def all_server_cpu(run: dict[str, Any]) -> float:
+    """CPU per request of the server process and its children (the model worker), in µs."""
+    return float((run.get("server_cpu_us") or 0.0) + (run.get("server_children_cpu_us") or 0.0))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,12 +251,15 @@ def main(argv: list[str] | None = None) -> int:
             before = in_process_ceiling(model, base, input_file, response, ceiling_s)
             levels = [int(c) for c in opts.concurrency.split(",")]
             servers = start_servers(base, response, work, model, opts.server_flags.split())
-            runs: dict[str, list[list[dict[str, Any]]]] = {label: [[] for _ in levels] for label in servers}
+            # The default server is measured twice in each turn: TF Serving's Predict, then v2's ModelInfer.
+            turns = [(label, label, "tfserving") for label in servers] + [("v2", "default", "v2")]
+            runs: dict[str, list[list[dict[str, Any]]]] = {label: [[] for _ in levels] for label, _, _ in turns}
             try:
                 for i, level in enumerate(levels):
                     for _ in range(opts.repeat):
-                        for label, (process, target) in servers.items():
-                            run = measure(target, model, input_file, opts, level, process.handle.pid)
+                        for label, server, protocol in turns:
+                            process, target = servers[server]
+                            run = measure(target, model, input_file, opts, level, process.handle.pid, protocol)
                             runs[label][i].append(run)
                             print(f"{model} {label}: C={level} {run['req_per_s']:,.0f} req/s "
                                   f"p50 {run['p50_ms']:.2f} ms", file=sys.stderr, flush=True)

@@ -26,6 +26,7 @@ import grpc
 from client.cpu import CpuWindow
 
 PREDICT_PATH = "/tensorflow.serving.PredictionService/Predict"
+"""The method a payload is sent to: TF Serving's Predict, or (client.v2) the v2 ModelInfer."""
 
 
 @dataclass(frozen=True)
@@ -108,10 +109,11 @@ async def _status(call: grpc.aio.UnaryUnaryMultiCallable, payload: bytes, timeou
 
 
 async def closed_loop(target: str, payload: bytes, concurrency: int, warmup_s: float, seconds: float,
-                      rows: int, timeout: float = 30.0, cpu_of: Sequence[int] = ()) -> BenchResult:
+                      rows: int, timeout: float = 30.0, cpu_of: Sequence[int] = (),
+                      path: str = PREDICT_PATH) -> BenchResult:
     samples: list[tuple[float, str]] = []
     async with grpc.aio.insecure_channel(target) as channel:
-        call = channel.unary_unary(PREDICT_PATH)
+        call = channel.unary_unary(path)
         start = time.perf_counter() + warmup_s
         end = start + seconds
         cpu = _open_cpu_window(cpu_of, warmup_s)
@@ -132,11 +134,12 @@ async def closed_loop(target: str, payload: bytes, concurrency: int, warmup_s: f
 
 
 async def open_loop(target: str, payload: bytes, rate: float, warmup_s: float, seconds: float,
-                    rows: int, timeout: float = 30.0, seed: int = 0, cpu_of: Sequence[int] = ()) -> BenchResult:
+                    rows: int, timeout: float = 30.0, seed: int = 0, cpu_of: Sequence[int] = (),
+                    path: str = PREDICT_PATH) -> BenchResult:
     samples: list[tuple[float, str]] = []
     rng = random.Random(seed)
     async with grpc.aio.insecure_channel(target) as channel:
-        call = channel.unary_unary(PREDICT_PATH)
+        call = channel.unary_unary(path)
         origin = time.perf_counter()
         start = origin + warmup_s
         end = start + seconds

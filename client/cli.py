@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-metadata", action="store_true",
                    help="send exactly the --input arrays; do not ask the server for the signature")
     b.add_argument("--rows", type=int, default=1, help="rows per request (default 1)")
+    b.add_argument("--protocol", choices=("tfserving", "v2"), default="tfserving",
+                   help="send TF Serving Predict requests (default) or Open Inference Protocol ModelInfer ones")
     b.add_argument("--concurrency", default="1,16,64",
                    help="closed loop: comma-separated caller counts (default 1,16,64)")
     b.add_argument("--rate", default="", help="open loop: comma-separated Poisson arrival rates in req/s")
@@ -140,16 +142,24 @@ def run_bench(args: argparse.Namespace) -> int:
                 return 1
     if inputs is None:
         return 2
-    payload = build_predict_request(args.model, inputs, signature=args.signature).SerializeToString()
+    path = bench.PREDICT_PATH
+    if args.protocol == "v2":
+        from client import v2
+
+        payload = v2.build_infer_request(args.model, inputs, signature=args.signature).SerializeToString()
+        path = v2.INFER_PATH
+    else:
+        payload = build_predict_request(args.model, inputs, signature=args.signature).SerializeToString()
     results = []
     for level in (int(c) for c in args.concurrency.split(",") if c.strip() and not args.rate):
         results.append(asyncio.run(bench.closed_loop(
-            args.target, payload, level, args.warmup_s, args.seconds, args.rows, args.timeout, args.cpu_of)))
+            args.target, payload, level, args.warmup_s, args.seconds, args.rows, args.timeout, args.cpu_of,
+            path=path)))
         print(bench.table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     for rate in (float(r) for r in args.rate.split(",") if r.strip()):
         results.append(asyncio.run(bench.open_loop(
             args.target, payload, rate, args.warmup_s, args.seconds, args.rows, args.timeout,
-            cpu_of=args.cpu_of)))
+            cpu_of=args.cpu_of, path=path)))
         print(bench.table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     print(bench.table(results))
     print(bench.to_json(results))

@@ -30,7 +30,7 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
     assert set(mlp["inprocess"]) == {"1", "16", "64"} and all(v > 0 for v in mlp["inprocess"].values())
     before, after = mlp["inprocess_runs"]  # measured before the servers and after; the higher counts
     assert mlp["inprocess"] == {b: max(before[b], after[b]) for b in before}
-    for label in ("fixed", "off", "default"):
+    for label in ("fixed", "off", "default", "v2"):
         assert [r["concurrency"] for r in mlp[label]] == [1, 4]
         assert all(r["codes"] == {"OK": r["requests"]} and r["req_per_s"] > 0 for r in mlp[label]), mlp[label]
         assert all(r["client_cpu_us"] > 0 and r["server_cpu_us"] > 0 for r in mlp[label]), mlp[label]
@@ -38,6 +38,7 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
     print(table)
     assert "| 1 |" in table and "| 4 |" in table and "default / fixed" in table and "CPU per request" in table
     assert "fixed-response: load generator" in table  # the client's CPU in each server's runs
+    assert "v2 / Predict CPU" in table
 
 
 def test_client_bench_open_loop(server_for, tmp_path: Path) -> None:
