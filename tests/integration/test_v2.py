@@ -101,6 +101,11 @@ def test_health_and_metadata(client: Any) -> None:
         ("class_id", "INT64", [-1]), ("probabilities", "FP32", [-1, 3])]
     logic = client.get_model_metadata("logic")
     assert [(t.name, t.datatype) for t in logic.inputs] == [("flags", "BOOL")]
+    x = np.zeros((1, 8), np.float32)
+    assert infer(client, "demo", {"x": x}, model_version="1").get_response().model_version == "1"
+    with pytest.raises(InferenceServerException) as caught:
+        infer(client, "demo", {"x": x}, model_version="2")
+    assert "NOT_FOUND" in str(caught.value.status()) and "version 2 not found" in caught.value.message()
 
 
 def test_fp32_int64_bytes_and_bool_models_match_the_model_in_process(client: Any, direct: dict[str, Any]) -> None:
