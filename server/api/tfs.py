@@ -12,6 +12,7 @@ import grpc
 
 from protos.tensorflow_serving import get_model_metadata_pb2, model_pb2, predict_pb2, prediction_service_pb2
 from server import codec, metrics
+from server.api.admission import Admission
 from server.api.recording import Recorder
 from server.api.status import parse, status_for
 from server.core.servables import Registry, Servable
@@ -37,32 +38,20 @@ def version_choice(spec: Any) -> tuple[int | None, str | None]:
     return None, None
 
 
-class PredictionServicer:
+class PredictionServicer(Admission):
     """Answers from whichever version the registry resolves a request to; UNAVAILABLE while a
     model loads, NOT_FOUND for what is not served.
 
     Handlers take the raw request bytes and parse them here, so a malformed message is an
-    INVALID_ARGUMENT naming the problem (grpc's own deserializer would answer INTERNAL).
-
-    `accepted` and `answered` count Predict calls that reached the handler and that left it, so a
-    drain can tell that nothing accepted was lost. After `refuse_new()` every new call is answered
-    UNAVAILABLE at once and is not counted as accepted.
+    INVALID_ARGUMENT naming the problem (grpc's own deserializer would answer INTERNAL). Predict
+    calls are counted for the drain (server.api.admission).
     """
 
     def __init__(self, registry: Registry, max_tensor_bytes: int) -> None:
+        super().__init__()
         self._registry = registry
         self._max_tensor_bytes = max_tensor_bytes
         self._recorder = Recorder(registry, PROTOCOL)
-        self.accepted = 0
-        self.answered = 0
-        self._refusing = False
-
-    @property
-    def in_flight(self) -> int:
-        return self.accepted - self.answered
-
-    def refuse_new(self) -> None:
-        self._refusing = True
 
     @staticmethod
     def _model_spec(servable: Servable, signature: str) -> Any:

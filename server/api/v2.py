@@ -19,6 +19,7 @@ import grpc
 from protos.inference import grpc_service_pb2 as pb
 from server import metrics
 from server.api import v2_codec
+from server.api.admission import Admission
 from server.api.recording import Recorder
 from server.api.status import parse, status_for
 from server.core.servables import Registry, Servable
@@ -48,25 +49,16 @@ def _version(text: str, where: str) -> int | None:
     return int(text)
 
 
-class V2Servicer:
+class V2Servicer(Admission):
     def __init__(self, registry: Registry, max_tensor_bytes: int, ready: Callable[[], bool]) -> None:
         """`ready` says whether the server as a whole is ready (every start-up model serves and
         no drain has begun), as health does."""
+        super().__init__()
         self._registry = registry
         self._max_tensor_bytes = max_tensor_bytes
         self._ready = ready
         self._recorder = Recorder(registry, PROTOCOL)
         self._metadata = pb.ServerMetadataResponse(name=SERVER_NAME, version=_server_version())
-        self.accepted = 0
-        self.answered = 0
-        self._refusing = False
-
-    @property
-    def in_flight(self) -> int:
-        return self.accepted - self.answered
-
-    def refuse_new(self) -> None:
-        self._refusing = True
 
     async def server_live(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         return pb.ServerLiveResponse(live=True)

@@ -106,7 +106,8 @@ def build_tagged(version_dir: Path, version: int) -> None:
 
 
 class Logic(tf.Module):
-    """Boolean rows: whether any and whether all of a row's three flags are set, and how many."""
+    """Boolean rows: whether any and whether all of a row's three flags are set, and how many.
+    A second signature, `halve`, takes and returns bfloat16."""
 
     @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.bool, name="flags")])
     def serve(self, flags: tf.Tensor) -> dict[str, tf.Tensor]:
@@ -114,6 +115,12 @@ class Logic(tf.Module):
                 "count": tf.reduce_sum(tf.cast(flags, tf.int64), axis=1)}
 
 
+    @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.bfloat16, name="h")])
+    def halve(self, h: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {"half": h / tf.constant(2, tf.bfloat16)}
+
+
 def build_logic(version_dir: Path) -> None:
     module = Logic()
-    tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.serve})
+    tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.serve,
+                                                              "halve": module.halve})

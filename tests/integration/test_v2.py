@@ -151,6 +151,20 @@ def test_typed_contents_give_the_same_answer_as_raw(v2_server: ServerProcess, di
     assert list(outputs["probabilities"][0].shape) == [3, 3]
 
 
+def test_bf16_travels_raw_both_ways(v2_server: ServerProcess) -> None:
+    import ml_dtypes
+
+    h = np.array([[1.5, -4.0], [0.25, 3.0]], dtype=ml_dtypes.bfloat16)
+    request = raw_request("logic", "h", "BF16", [2, 2], h.tobytes())
+    request.parameters["signature_name"].string_param = "halve"
+    with grpc.insecure_channel(v2_server.target) as channel:
+        response = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+    (output,) = response.outputs
+    assert (output.name, output.datatype, list(output.shape)) == ("half", "BF16", [2, 2])
+    half = np.frombuffer(response.raw_output_contents[0], dtype=ml_dtypes.bfloat16).reshape(2, 2)
+    assert half.astype(np.float32).tolist() == [[0.75, -2.0], [0.125, 1.5]]
+
+
 def test_a_request_naming_one_output_gets_only_it(client: Any) -> None:
     result = infer(client, "demo", {"x": np.zeros((2, 8), np.float32)}, outputs=["class_id"])
     assert [o.name for o in result.get_response().outputs] == ["class_id"]
