@@ -89,9 +89,11 @@ class NewSlot:
 
 @dataclass(frozen=True)
 class SlotArray:
-    """An array in a slot: dtype string (numpy's `dtype.str`), shape, byte offset."""
+    """An array in a slot: its dtype, shape and byte offset. The dtype is numpy's `dtype.str` for
+    numpy's own types; an extension type such as ml_dtypes' bfloat16 has no string that names it
+    (its `str` is a bare `<V2`), so it travels as the dtype object itself."""
 
-    dtype: str
+    dtype: str | np.dtype
     shape: tuple[int, ...]
     offset: int
 
@@ -149,7 +151,7 @@ def write_batch(
         shape = (sum(a.shape[0] for a in arrays), *first.shape[1:])
         view = np.ndarray(shape, first.dtype, buffer=buffer, offset=offset)
         np.concatenate(arrays, axis=0, out=view)
-        placed[name] = SlotArray(first.dtype.str, shape, offset)
+        placed[name] = SlotArray(first.dtype if first.dtype.kind == "V" else first.dtype.str, shape, offset)
         offset += _aligned(view.nbytes)
     return placed
 

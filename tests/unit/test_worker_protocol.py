@@ -57,6 +57,17 @@ def test_parts_land_in_the_slot_as_one_batch_rows_in_order() -> None:
     assert back["k"].tolist() == [2, 2, 1, 4, 4, 4, 4]
 
 
+def test_an_extension_dtype_keeps_its_type_through_the_slot() -> None:
+    """bfloat16's dtype.str is a bare '<V2' (raw bytes); the slot must hand back bfloat16."""
+    import ml_dtypes
+
+    part = {"h": np.array([[1.5, -2.0]], dtype=ml_dtypes.bfloat16)}
+    buffer = mmap.mmap(-1, slot_bytes([part]))
+    back = read_batch(buffer, pickle.loads(pickle.dumps(write_batch(buffer, [part]))))
+    assert back["h"].dtype == np.dtype(ml_dtypes.bfloat16)
+    assert back["h"].tolist() == part["h"].tolist()
+
+
 def test_string_tensors_travel_inline() -> None:
     strings = np.array([[b"a"], [b"\x00bc"]], dtype=object)
     placed = write_batch(mmap.mmap(-1, ALIGN), [{"s": strings, "n": np.arange(2, dtype=np.int32)}])
