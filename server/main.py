@@ -86,7 +86,9 @@ async def serve(settings: Settings) -> int:
     await health.set_serving(False)
     servicer = tfs.PredictionServicer(registry, settings.max_message_bytes)
     announced = False
-    v2_servicer = v2.V2Servicer(registry, settings.max_message_bytes, lambda: announced and not stop.is_set())
+    # v2's ServerReady says what health says: every start-up model serves, and no drain has begun.
+    v2_servicer = v2.V2Servicer(registry, settings.max_message_bytes,
+                                lambda: not registry.starting and not stop.is_set())
     front_ends = (servicer, v2_servicer)
     server = grpc.aio.server(options=_grpc_options(settings), maximum_concurrent_rpcs=settings.max_concurrent_rpcs)
     tfs.add_to_server(servicer, server)
