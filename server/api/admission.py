@@ -1,7 +1,16 @@
-"""What a drain needs from every inference front-end: how many calls reached a handler and how
-many left it, and a switch that makes new ones fail fast."""
+"""What every inference front-end does the same way around a call: counting the calls that
+reached a handler and left it (for the drain), refusing new ones once a drain refuses, and the
+client's deadline on the server's clock."""
 
 from __future__ import annotations
+
+import time
+
+import grpc
+
+from server.api.recording import Recorder
+
+REFUSED = "the server is shutting down; retry on another replica"
 
 
 class Admission:
@@ -9,7 +18,8 @@ class Admission:
     so a drain can tell that nothing accepted was lost. After `refuse_new()` every new call is
     answered UNAVAILABLE at once and is not counted as accepted."""
 
-    def __init__(self) -> None:
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
         self.accepted = 0
         self.answered = 0
         self._refusing = False
@@ -20,3 +30,14 @@ class Admission:
 
     def refuse_new(self) -> None:
         self._refusing = True
+
+    async def refuse(self, method: str, context: grpc.aio.ServicerContext, started: float) -> None:
+        """Answer UNAVAILABLE (counted) because the server is draining; raises, as abort does."""
+        self._recorder.record(method, grpc.StatusCode.UNAVAILABLE, started)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, REFUSED)
+
+
+def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
+    """The client's deadline on time.monotonic's clock, or None without one."""
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining

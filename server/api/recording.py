@@ -1,5 +1,6 @@
 """Counting and timing every RPC of every front-end the same way (mirrorserve_requests_total and
-mirrorserve_request_duration_seconds), labelled by protocol, model, version, method and code."""
+mirrorserve_request_duration_seconds), labelled by protocol, model, version, method and code; and
+ending a failed one the same way, through the one status table."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Any
 import grpc
 
 from server import metrics
+from server.api.status import status_for
 from server.core.servables import Registry, Servable
+from server.errors import ModelFailure
 
 
 class Recorder:
@@ -39,3 +42,13 @@ class Recorder:
                     metrics.REQUEST_SECONDS.labels(self._protocol, model, "", method))
         pair[0].inc()
         pair[1].observe(time.perf_counter() - started)
+
+    async def fail(self, method: str, exc: BaseException, context: grpc.aio.ServicerContext, started: float,
+                   servable: Servable | None = None, name: str = "") -> None:
+        """End an RPC that raised: count a model failure against its version, map the exception
+        to its status and message (server.api.status), record it, and abort (which raises)."""
+        if isinstance(exc, ModelFailure) and servable is not None:
+            metrics.MODEL_FAILURES.labels(servable.name, str(servable.version)).inc()
+        code, message = status_for(exc)
+        self.record(method, code, started, servable, name)
+        await context.abort(code, message)

@@ -11,12 +11,12 @@ from typing import Any
 import grpc
 
 from protos.tensorflow_serving import get_model_metadata_pb2, model_pb2, predict_pb2, prediction_service_pb2
-from server import codec, metrics
-from server.api.admission import Admission
+from server import codec
+from server.api.admission import Admission, deadline_of
 from server.api.recording import Recorder
-from server.api.status import parse, status_for
+from server.api.status import parse
 from server.core.servables import Registry, Servable
-from server.errors import InvalidInput, ModelFailure
+from server.errors import InvalidInput
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +48,9 @@ class PredictionServicer(Admission):
     """
 
     def __init__(self, registry: Registry, max_tensor_bytes: int) -> None:
-        super().__init__()
+        super().__init__(Recorder(registry, PROTOCOL))
         self._registry = registry
         self._max_tensor_bytes = max_tensor_bytes
-        self._recorder = Recorder(registry, PROTOCOL)
 
     @staticmethod
     def _model_spec(servable: Servable, signature: str) -> Any:
@@ -66,14 +65,13 @@ class PredictionServicer(Admission):
     async def predict(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         started = time.perf_counter()
         if self._refusing:
-            await self._refuse("Predict", context, started)
+            await self.refuse("Predict", context, started)
         self.accepted += 1
         servable: Servable | None = None
         name = ""
         try:
             try:
-                remaining = context.time_remaining()
-                deadline = None if remaining is None else time.monotonic() + remaining
+                deadline = deadline_of(context)
                 request = parse(predict_pb2.PredictRequest, raw)
                 spec = request.model_spec
                 name = spec.name
@@ -90,11 +88,7 @@ class PredictionServicer(Admission):
                 for output, array in answer.outputs.items():
                     codec.fill_tensor_proto(response.outputs[output], array)
             except Exception as exc:  # every failure leaves through the status table
-                if isinstance(exc, ModelFailure) and servable is not None:
-                    metrics.MODEL_FAILURES.labels(servable.name, str(servable.version)).inc()
-                code, message = status_for(exc)
-                self._record("Predict", code, started, servable, name)
-                await context.abort(code, message)
+                await self._recorder.fail("Predict", exc, context, started, servable, name)
             context.set_trailing_metadata((
                 (QUEUE_TRAILER, f"{answer.queue_seconds:.6f}"),
                 (COMPUTE_TRAILER, f"{answer.compute_seconds:.6f}"),
@@ -107,7 +101,7 @@ class PredictionServicer(Admission):
     async def get_model_metadata(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         started = time.perf_counter()
         if self._refusing:
-            await self._refuse("GetModelMetadata", context, started)
+            await self.refuse("GetModelMetadata", context, started)
         servable: Servable | None = None
         name = ""
         try:
@@ -131,15 +125,9 @@ class PredictionServicer(Admission):
             response.model_spec.version.value = servable.version
             response.metadata[SIGNATURE_DEF].Pack(signature_map)
         except Exception as exc:
-            code, message = status_for(exc)
-            self._record("GetModelMetadata", code, started, servable, name)
-            await context.abort(code, message)
+            await self._recorder.fail("GetModelMetadata", exc, context, started, servable, name)
         self._record("GetModelMetadata", grpc.StatusCode.OK, started, servable, name)
         return response
-
-    async def _refuse(self, method: str, context: grpc.aio.ServicerContext, started: float) -> None:
-        self._record(method, grpc.StatusCode.UNAVAILABLE, started, None, "")
-        await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry on another replica")
 
     def _record(self, method: str, code: grpc.StatusCode, started: float, servable: Servable | None,
                 name: str) -> None:

@@ -18,7 +18,7 @@ import grpc
 
 from protos.tensorflow_serving import get_model_status_pb2, model_management_pb2, model_service_pb2
 from server.api.recording import Recorder
-from server.api.status import parse, status_for
+from server.api.status import parse
 from server.api.tfs import PROTOCOL, version_choice
 from server.core.lifecycle import Lifecycle, check_base_paths
 from server.core.model_config import ConfigError, from_proto
@@ -48,9 +48,7 @@ class ModelServiceServicer:
                 status.status.error_code = servable.error[0] if servable.error else OK
                 status.status.error_message = servable.error[1] if servable.error else ""
         except Exception as exc:
-            code, message = status_for(exc)
-            self._record("GetModelStatus", name, code, started)
-            await context.abort(code, message)
+            await self._recorder.fail("GetModelStatus", exc, context, started, name=name)
         self._record("GetModelStatus", name, grpc.StatusCode.OK, started)
         return response
 
@@ -81,9 +79,7 @@ class ModelServiceServicer:
                 raise Unavailable("the server is starting; retry shortly")
             problems = await lifecycle.apply(sources)
         except Exception as exc:
-            code, message = status_for(exc)
-            self._record(method, "", code, started)
-            await context.abort(code, message)
+            await self._recorder.fail(method, exc, context, started)
         if problems:
             self._record(method, "", grpc.StatusCode.UNKNOWN, started)
             await context.abort(grpc.StatusCode.UNKNOWN,

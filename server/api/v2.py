@@ -17,21 +17,19 @@ from typing import Any
 import grpc
 
 from protos.inference import grpc_service_pb2 as pb
-from server import metrics
 from server.api import v2_codec
-from server.api.admission import Admission
+from server.api.admission import Admission, deadline_of
 from server.api.recording import Recorder
-from server.api.status import parse, status_for
+from server.api.status import parse
 from server.core.servables import Registry, Servable
 from server.core.signatures import DEFAULT_SIGNATURE, Signature
-from server.errors import InvalidInput, ModelFailure, NotFound, Unavailable
+from server.errors import InvalidInput, NotFound, Unavailable
 
 PROTOCOL = "v2"
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 SERVER_NAME = "mirrorserve"
 PLATFORM = "tensorflow_savedmodel"
 SIGNATURE_PARAMETER = "signature_name"
-_CONTENT_FIELDS = v2_codec.CONTENT_FIELDS
 
 
 def _server_version() -> str:
@@ -53,11 +51,10 @@ class V2Servicer(Admission):
     def __init__(self, registry: Registry, max_tensor_bytes: int, ready: Callable[[], bool]) -> None:
         """`ready` says whether the server as a whole is ready (every start-up model serves and
         no drain has begun), as health does."""
-        super().__init__()
+        super().__init__(Recorder(registry, PROTOCOL))
         self._registry = registry
         self._max_tensor_bytes = max_tensor_bytes
         self._ready = ready
-        self._recorder = Recorder(registry, PROTOCOL)
         self._metadata = pb.ServerMetadataResponse(name=SERVER_NAME, version=_server_version())
 
     async def server_live(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
@@ -81,9 +78,7 @@ class V2Servicer(Admission):
             except (NotFound, Unavailable):
                 ready = False
         except Exception as exc:
-            code, message = status_for(exc)
-            self._recorder.record("ModelReady", code, started)
-            await context.abort(code, message)
+            await self._recorder.fail("ModelReady", exc, context, started)
         self._recorder.record("ModelReady", grpc.StatusCode.OK, started)
         return pb.ModelReadyResponse(ready=ready)
 
@@ -105,24 +100,20 @@ class V2Servicer(Admission):
                     shape = [] if spec.shape is None else [-1 if d is None else d for d in spec.shape]
                     into.add(name=tensor, datatype=v2_codec.datatype_of(spec.dtype), shape=shape)
         except Exception as exc:
-            code, message = status_for(exc)
-            self._recorder.record("ModelMetadata", code, started, servable, name)
-            await context.abort(code, message)
+            await self._recorder.fail("ModelMetadata", exc, context, started, servable, name)
         self._recorder.record("ModelMetadata", grpc.StatusCode.OK, started, servable, name)
         return response
 
     async def model_infer(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         started = time.perf_counter()
         if self._refusing:
-            self._recorder.record("ModelInfer", grpc.StatusCode.UNAVAILABLE, started)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry on another replica")
+            await self.refuse("ModelInfer", context, started)
         self.accepted += 1
         servable: Servable | None = None
         name = ""
         try:
             try:
-                remaining = context.time_remaining()
-                deadline = None if remaining is None else time.monotonic() + remaining
+                deadline = deadline_of(context)
                 request = parse(pb.ModelInferRequest, raw)
                 name = request.model_name
                 servable = self._registry.resolve(name, _version(request.model_version, "model_version"))
@@ -134,11 +125,7 @@ class V2Servicer(Admission):
                 answer = await predictor.predict(signature, inputs, wanted, deadline)
                 response = _response(request, servable, signature, wanted, answer.outputs)
             except Exception as exc:
-                if isinstance(exc, ModelFailure) and servable is not None:
-                    metrics.MODEL_FAILURES.labels(servable.name, str(servable.version)).inc()
-                code, message = status_for(exc)
-                self._recorder.record("ModelInfer", code, started, servable, name)
-                await context.abort(code, message)
+                await self._recorder.fail("ModelInfer", exc, context, started, servable, name)
             self._recorder.record("ModelInfer", grpc.StatusCode.OK, started, servable, name)
             return response
         finally:

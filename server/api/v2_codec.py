@@ -49,7 +49,6 @@ DATATYPES = (
 )
 BY_NAME = {d.name: d for d in DATATYPES}
 _BY_NUMPY = {d.numpy.newbyteorder("=") if d.numpy.byteorder not in "|=" else d.numpy: d for d in DATATYPES}
-CONTENT_FIELDS = tuple(sorted({d.contents for d in DATATYPES if d.contents}))
 
 
 def datatype_of(dtype: np.dtype) -> str:

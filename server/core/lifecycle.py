@@ -320,15 +320,6 @@ class Lifecycle:
         return bool(self.configured) and all(
             models[n].default is not None for n in self.configured if n in models)
 
-    def summary(self) -> str:
-        """model:version[,version] for every configured model, for the logs."""
-        parts = []
-        for name in self.configured:
-            model = self._registry.models.get(name)
-            versions = model.available_versions() if model else []
-            parts.append(f"{name}:{'+'.join(str(v) for v in versions) or '-'}")
-        return ",".join(parts)
-
     async def drain(self) -> None:
         """Finish every request queued or running in any version (the server is stopping)."""
         for model in [*self._registry.models.values(), *self._removed]:
