@@ -32,6 +32,8 @@ class Settings:
     """How often the config file is re-read (applied when it changed); 0 reads it once."""
     port: int
     """gRPC port; 0 picks a free one (logged at start)."""
+    rest_api_port: int
+    """HTTP port of both REST APIs and of /metrics; 0 picks a free one, -1 turns HTTP off."""
     replicas: int | None
     """Replica count; None means the number of GPUs, else 1. On CPU: that many logical CPU devices."""
     max_batch_size: int
@@ -59,9 +61,10 @@ class Settings:
     max_queued_rows: int
     """Rows allowed to wait; beyond it requests are refused at once with RESOURCE_EXHAUSTED."""
     metrics_port: int
-    """HTTP port for Prometheus /metrics; 0 picks a free one, -1 disables."""
+    """A separate HTTP port for Prometheus /metrics alone (it is on the REST port anyway); 0 picks
+    a free one, -1 (the default) opens none."""
     max_message_bytes: int
-    """Largest gRPC message accepted or sent."""
+    """Largest gRPC message accepted or sent, and largest REST body accepted."""
     drain_delay_s: float
     """After SIGTERM/SIGINT: keep accepting this long (health already NOT_SERVING) so load
     balancers can take the pod out, before refusing new RPCs."""
@@ -154,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-config-file-poll-wait-seconds", type=_non_negative_float, default=0.0,
                    help="re-read --model-config-file this often and apply it when it changed (default 0: once)")
     p.add_argument("--port", type=_port, default=8500, help="gRPC port (default 8500; 0 = any free port)")
+    p.add_argument("--rest-api-port", type=_optional_port, default=8501,
+                   help="HTTP port: TF Serving's REST API (/v1), the Open Inference Protocol's (/v2) and "
+                        "Prometheus /metrics (default 8501; 0 = any free port; -1 = no HTTP)")
     p.add_argument("--replicas", type=_positive_int, default=None,
                    help="number of replicas (default: number of GPUs, else 1; on CPU, logical CPU devices)")
     p.add_argument("--max-batch-size", type=_positive_int, default=64,
@@ -179,10 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TensorFlow inter-op threads (default 0: TensorFlow's choice)")
     p.add_argument("--max-queued-rows", type=_positive_int, default=4096,
                    help="rows allowed to wait; more are refused with RESOURCE_EXHAUSTED (default 4096)")
-    p.add_argument("--metrics-port", type=_optional_port, default=8501,
-                   help="Prometheus /metrics HTTP port (default 8501; 0 = any free port; -1 = off)")
+    p.add_argument("--metrics-port", type=_optional_port, default=-1,
+                   help="a separate HTTP port for Prometheus /metrics only, which the REST port serves too "
+                        "(default -1: none; 0 = any free port)")
     p.add_argument("--max-message-bytes", type=_positive_int, default=64 * 1024 * 1024,
-                   help="largest gRPC message received or sent (default 64 MiB)")
+                   help="largest gRPC message received or sent, and largest REST body (default 64 MiB)")
     p.add_argument("--drain-delay-s", type=_non_negative_float, default=2.0,
                    help="on SIGTERM/SIGINT keep accepting this long after health turns NOT_SERVING (default 2)")
     p.add_argument("--grace-period-s", type=_non_negative_float, default=25.0,
@@ -235,6 +242,12 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
     if ns.drain_delay_s >= ns.grace_period_s:
         parser.error(f"--drain-delay-s ({ns.drain_delay_s}) must be shorter than --grace-period-s "
                      f"({ns.grace_period_s})")
+    fixed = [(flag, port) for flag, port in (("--port", ns.port), ("--rest-api-port", ns.rest_api_port),
+                                             ("--metrics-port", ns.metrics_port)) if port > 0]
+    for index, (flag, port) in enumerate(fixed):
+        for other, other_port in fixed[index + 1:]:
+            if port == other_port:
+                parser.error(f"{flag} and {other} are both {port}; each needs its own port")
     if ns.model_config_file is not None and (ns.model_base_path is not None or ns.model_name is not None):
         parser.error("--model-config-file replaces --model-base-path and --model-name; give one or the other")
     if ns.model_config_file is not None:

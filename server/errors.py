@@ -30,3 +30,11 @@ class Unavailable(ServingError):
 
 class ModelFailure(ServingError):
     """The model itself failed. The client sees only a generic message; details go to the log."""
+
+
+class TooLarge(Overloaded):
+    """The request is bigger than the server accepts (an HTTP body over --max-message-bytes)."""
+
+
+class Unimplemented(ServingError):
+    """A method of a protocol that this server does not serve."""

@@ -8,9 +8,13 @@ AVAILABLE version, health turns SERVING and one start-up line is logged. From th
 server.core.lifecycle polls version folders (and the config file) and rolls versions in and out. If
 the worker dies, the server drains and exits 1, so the orchestrator restarts both.
 
-Stop (SIGTERM or SIGINT), in the order of architecture.md, example 9: health NOT_SERVING while
-still accepting for --drain-delay-s; then refuse new RPCs and finish every accepted one (queued
-and in flight); exit 0 within --grace-period-s of the signal.
+HTTP (server.api.rest: both REST APIs and /metrics) opens beside gRPC, on the same event loop,
+before the models load.
+
+Stop (SIGTERM or SIGINT), in the order of architecture.md, example 9: health NOT_SERVING (and
+/v2/health/ready 400) while still accepting for --drain-delay-s; then refuse new requests on every
+front-end, gRPC and REST, and finish every accepted one (queued and in flight); exit 0 within
+--grace-period-s of the signal.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import dataclasses
 import gc
 import logging
 import signal
+import ssl
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +33,7 @@ import grpc
 from prometheus_client import start_http_server
 
 from server import event_loop, logs, metrics
-from server.api import tfs, tfs_model_service, v2
+from server.api import rest, rest_tfs, rest_v2, tfs, tfs_model_service, v2
 from server.api.health import Health, add_health_and_reflection
 from server.config import Settings, parse_settings
 from server.core import model_config
@@ -50,6 +55,18 @@ def _server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
             client_ca = ca.read()
     return grpc.ssl_server_credentials([pair], root_certificates=client_ca,
                                        require_client_auth=client_ca is not None)
+
+
+def _rest_ssl_context(settings: Settings) -> ssl.SSLContext | None:
+    """The same certificate, key and client CA as gRPC's TLS, for HTTPS on the REST port."""
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+    if settings.tls_client_ca_file is not None:
+        context.load_verify_locations(settings.tls_client_ca_file)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
 
 
 def _grpc_options(settings: Settings) -> list[tuple[str, int]]:
@@ -87,9 +104,13 @@ async def serve(settings: Settings) -> int:
     servicer = tfs.PredictionServicer(registry, settings.max_message_bytes)
     announced = False
     # v2's ServerReady says what health says: every start-up model serves, and no drain has begun.
-    v2_servicer = v2.V2Servicer(registry, settings.max_message_bytes,
-                                lambda: not registry.starting and not stop.is_set())
-    front_ends = (servicer, v2_servicer)
+    def ready() -> bool:
+        return not registry.starting and not stop.is_set()
+
+    v2_servicer = v2.V2Servicer(registry, settings.max_message_bytes, ready)
+    tfs_rest = rest_tfs.TfsRest(registry, settings.max_message_bytes)
+    v2_rest = rest_v2.V2Rest(registry, settings.max_message_bytes, ready)
+    front_ends = (servicer, v2_servicer, tfs_rest, v2_rest)
     server = grpc.aio.server(options=_grpc_options(settings), maximum_concurrent_rpcs=settings.max_concurrent_rpcs)
     tfs.add_to_server(servicer, server)
     v2.add_to_server(v2_servicer, server)
@@ -98,6 +119,12 @@ async def serve(settings: Settings) -> int:
     port = server.add_insecure_port(address) if credentials is None else server.add_secure_port(address, credentials)
     if port == 0:
         raise OSError(f"could not bind gRPC port {settings.port}")
+    rest_server: rest.RestServer | None = None
+    rest_port = -1
+    if settings.rest_api_port >= 0:
+        rest_server = rest.RestServer(rest.build_app(tfs_rest.routes() + v2_rest.routes(),
+                                                     settings.max_message_bytes, settings.max_concurrent_rpcs))
+        rest_port = await rest_server.start(settings.rest_api_port, _rest_ssl_context(settings))
     metrics_port = -1
     if settings.metrics_port >= 0:
         http_server, _ = start_http_server(settings.metrics_port)
@@ -141,9 +168,10 @@ async def serve(settings: Settings) -> int:
         assert lifecycle is not None
         effective = " ".join(f"{k}={v}" for k, v in dataclasses.asdict(settings).items())
         log.info(
-            "serving model=%s version=%s signatures=%s path=%s grpc_port=%d metrics_port=%d replicas=%d "
+            "serving model=%s version=%s signatures=%s path=%s grpc_port=%d rest_api_port=%d metrics_port=%d "
+            "replicas=%d "
             "devices=%s max_batch_size=%d batch_timeout_ms=%g max_queued_rows=%d tls=%s | settings: %s",
-            *_describe(registry, lifecycle.configured), port, metrics_port, len(started.devices),
+            *_describe(registry, lifecycle.configured), port, rest_port, metrics_port, len(started.devices),
             ",".join(started.devices), settings.max_batch_size, settings.batch_timeout_ms,
             settings.max_queued_rows, settings.tls_mode, effective,
         )
@@ -157,13 +185,15 @@ async def serve(settings: Settings) -> int:
     tfs_model_service.add_to_server(tfs_model_service.ModelServiceServicer(registry, lambda: lifecycle), server)
     add_health_and_reflection(server, health)
     await server.start()
-    log.info("listening grpc_port=%d metrics_port=%d tls=%s; loading models (health NOT_SERVING)",
-             port, metrics_port, settings.tls_mode)
+    log.info("listening grpc_port=%d rest_api_port=%d metrics_port=%d tls=%s; loading models (health NOT_SERVING)",
+             port, rest_port, metrics_port, settings.tls_mode)
     try:
         started = await worker.start()
     except BaseException:
         worker.close()
         await server.stop(0)
+        if rest_server is not None:
+            await rest_server.stop()
         raise
     if sources is None:
         assert started.demo_base_path is not None
@@ -193,6 +223,8 @@ async def serve(settings: Settings) -> int:
     while any(f.in_flight for f in front_ends) and time.monotonic() < deadline:
         await asyncio.sleep(0.005)
     await server.stop(grace=max(deadline - time.monotonic(), 0.1))
+    if rest_server is not None:
+        await rest_server.stop()
     await lifecycle.drain()
     worker.close()
     accepted, answered = sum(f.accepted for f in front_ends), sum(f.answered for f in front_ends)

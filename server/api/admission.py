@@ -31,10 +31,18 @@ class Admission:
     def refuse_new(self) -> None:
         self._refusing = True
 
+    @property
+    def refusing(self) -> bool:
+        return self._refusing
+
+    def refused(self, method: str, started: float) -> str:
+        """Record a call refused because the server is draining (UNAVAILABLE); the message to send."""
+        self._recorder.record(method, grpc.StatusCode.UNAVAILABLE, started)
+        return REFUSED
+
     async def refuse(self, method: str, context: grpc.aio.ServicerContext, started: float) -> None:
         """Answer UNAVAILABLE (counted) because the server is draining; raises, as abort does."""
-        self._recorder.record(method, grpc.StatusCode.UNAVAILABLE, started)
-        await context.abort(grpc.StatusCode.UNAVAILABLE, REFUSED)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, self.refused(method, started))
 
 
 def deadline_of(context: grpc.aio.ServicerContext) -> float | None:

@@ -43,12 +43,18 @@ class Recorder:
         pair[0].inc()
         pair[1].observe(time.perf_counter() - started)
 
-    async def fail(self, method: str, exc: BaseException, context: grpc.aio.ServicerContext, started: float,
-                   servable: Servable | None = None, name: str = "") -> None:
-        """End an RPC that raised: count a model failure against its version, map the exception
-        to its status and message (server.api.status), record it, and abort (which raises)."""
+    def failed(self, method: str, exc: BaseException, started: float, servable: Servable | None = None,
+               name: str = "") -> tuple[grpc.StatusCode, str]:
+        """Account for a request that raised: count a model failure against its version, map the
+        exception to its status and message (server.api.status), and record it."""
         if isinstance(exc, ModelFailure) and servable is not None:
             metrics.MODEL_FAILURES.labels(servable.name, str(servable.version)).inc()
         code, message = status_for(exc)
         self.record(method, code, started, servable, name)
+        return code, message
+
+    async def fail(self, method: str, exc: BaseException, context: grpc.aio.ServicerContext, started: float,
+                   servable: Servable | None = None, name: str = "") -> None:
+        """End an RPC that raised: failed(), then abort with that status (which raises)."""
+        code, message = self.failed(method, exc, started, servable, name)
         await context.abort(code, message)

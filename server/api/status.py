@@ -1,6 +1,7 @@
-"""The one table from domain errors to gRPC status codes, shared by every gRPC front-end.
-Unexpected errors are logged with their stack and reach the client as INTERNAL "internal error",
-never as str(exc)."""
+"""The one table from domain errors to gRPC status codes, shared by every front-end, and from
+those codes to HTTP statuses for the REST ones (TensorFlow Serving's own mapping, so a REST client
+sees what TF Serving would send). Unexpected errors are logged with their stack and reach the
+client as INTERNAL "internal error", never as str(exc)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from server.errors import (
     NotFound,
     Overloaded,
     ServingError,
+    TooLarge,
     Unavailable,
+    Unimplemented,
 )
 
 log = logging.getLogger("server.api.tfs")
@@ -26,10 +29,27 @@ STATUS_FOR: dict[type[ServingError], grpc.StatusCode] = {
     InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
     NotFound: grpc.StatusCode.NOT_FOUND,
     Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    TooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
     DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
     ModelFailure: grpc.StatusCode.INTERNAL,
+    Unimplemented: grpc.StatusCode.UNIMPLEMENTED,
 }
+
+_CODE = grpc.StatusCode
+HTTP_STATUS_FOR: dict[grpc.StatusCode, int] = {
+    _CODE.OK: 200, _CODE.CANCELLED: 499, _CODE.UNKNOWN: 500, _CODE.INVALID_ARGUMENT: 400,
+    _CODE.DEADLINE_EXCEEDED: 504, _CODE.NOT_FOUND: 404, _CODE.ALREADY_EXISTS: 409, _CODE.PERMISSION_DENIED: 403,
+    _CODE.RESOURCE_EXHAUSTED: 429, _CODE.FAILED_PRECONDITION: 400, _CODE.ABORTED: 409, _CODE.OUT_OF_RANGE: 400,
+    _CODE.UNIMPLEMENTED: 501, _CODE.INTERNAL: 500, _CODE.UNAVAILABLE: 503, _CODE.DATA_LOSS: 500,
+    _CODE.UNAUTHENTICATED: 401,
+}
+"""TensorFlow Serving's ToHTTPStatusCode (model_servers/http_rest_api_util)."""
+
+
+def http_status_for(exc: BaseException, code: grpc.StatusCode) -> int:
+    """The HTTP status of a failed REST request: the code's, except 413 for a body too large."""
+    return 413 if isinstance(exc, TooLarge) else HTTP_STATUS_FOR[code]
 
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:

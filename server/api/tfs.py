@@ -38,6 +38,14 @@ def version_choice(spec: Any) -> tuple[int | None, str | None]:
     return None, None
 
 
+def signature_def_map(servable: Servable) -> Any:
+    """The version's SignatureDefMap, what GetModelMetadata returns under signature_def."""
+    signature_map = get_model_metadata_pb2.SignatureDefMap()
+    for signature_name, sdef in servable.signature_defs.items():
+        signature_map.signature_def[signature_name].CopyFrom(sdef)
+    return signature_map
+
+
 class PredictionServicer(Admission):
     """Answers from whichever version the registry resolves a request to; UNAVAILABLE while a
     model loads, NOT_FOUND for what is not served.
@@ -117,13 +125,10 @@ class PredictionServicer(Admission):
                 raise InvalidInput(
                     f"metadata_field {', '.join(unknown)} is not supported; supported: {SIGNATURE_DEF}"
                 )
-            signature_map = get_model_metadata_pb2.SignatureDefMap()
-            for signature_name, sdef in servable.signature_defs.items():
-                signature_map.signature_def[signature_name].CopyFrom(sdef)
             response = get_model_metadata_pb2.GetModelMetadataResponse()
             response.model_spec.name = servable.name
             response.model_spec.version.value = servable.version
-            response.metadata[SIGNATURE_DEF].Pack(signature_map)
+            response.metadata[SIGNATURE_DEF].Pack(signature_def_map(servable))
         except Exception as exc:
             await self._recorder.fail("GetModelMetadata", exc, context, started, servable, name)
         self._record("GetModelMetadata", grpc.StatusCode.OK, started, servable, name)

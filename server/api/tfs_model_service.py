@@ -22,11 +22,31 @@ from server.api.status import parse
 from server.api.tfs import PROTOCOL, version_choice
 from server.core.lifecycle import Lifecycle, check_base_paths
 from server.core.model_config import ConfigError, from_proto
-from server.core.servables import Registry, Servable
+from server.core.servables import Registry
 from server.errors import InvalidInput, NotFound, Unavailable
 
 OK = 0
 SERVICE = model_service_pb2.DESCRIPTOR.services_by_name["ModelService"]
+
+
+def model_status(registry: Registry, name: str, version: int | None, label: str | None) -> Any:
+    """GetModelStatusResponse for a model: every version it knows, or the one asked for."""
+    model = registry.model(name)
+    if label is not None:
+        version = registry.labelled_version(model, label)
+    if version is None:
+        servables = [model.versions[v] for v in sorted(model.versions)]
+    elif version in model.versions:
+        servables = [model.versions[version]]
+    else:
+        known = ", ".join(str(v) for v in sorted(model.versions)) or "none"
+        raise NotFound(f"model '{name}' version {version} not found; versions known: {known}")
+    response = get_model_status_pb2.GetModelStatusResponse()
+    for servable in servables:
+        status = response.model_version_status.add(version=servable.version, state=int(servable.state))
+        status.status.error_code = servable.error[0] if servable.error else OK
+        status.status.error_message = servable.error[1] if servable.error else ""
+    return response
 
 
 class ModelServiceServicer:
@@ -42,27 +62,11 @@ class ModelServiceServicer:
         try:
             request = parse(get_model_status_pb2.GetModelStatusRequest, raw)
             name = request.model_spec.name
-            response = get_model_status_pb2.GetModelStatusResponse()
-            for servable in self._versions(name, *version_choice(request.model_spec)):
-                status = response.model_version_status.add(version=servable.version, state=int(servable.state))
-                status.status.error_code = servable.error[0] if servable.error else OK
-                status.status.error_message = servable.error[1] if servable.error else ""
+            response = model_status(self._registry, name, *version_choice(request.model_spec))
         except Exception as exc:
             await self._recorder.fail("GetModelStatus", exc, context, started, name=name)
         self._record("GetModelStatus", name, grpc.StatusCode.OK, started)
         return response
-
-    def _versions(self, name: str, version: int | None, label: str | None) -> list[Servable]:
-        model = self._registry.model(name)
-        if label is not None:
-            version = self._registry.labelled_version(model, label)
-        if version is None:
-            return [model.versions[v] for v in sorted(model.versions)]
-        servable = model.versions.get(version)
-        if servable is None:
-            known = ", ".join(str(v) for v in sorted(model.versions)) or "none"
-            raise NotFound(f"model '{name}' version {version} not found; versions known: {known}")
-        return [servable]
 
     async def handle_reload_config_request(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         started = time.perf_counter()

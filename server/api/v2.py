@@ -9,15 +9,15 @@ parameter `signature_name`. Versions are the protocol's strings: empty for the h
 
 from __future__ import annotations
 
-import importlib.metadata
 import time
 from collections.abc import Callable
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 
 from protos.inference import grpc_service_pb2 as pb
-from server.api import v2_codec
+from server.api import v2_codec, v2_model
 from server.api.admission import Admission, deadline_of
 from server.api.recording import Recorder
 from server.api.status import parse
@@ -27,25 +27,6 @@ from server.errors import InvalidInput, NotFound, Unavailable
 
 PROTOCOL = "v2"
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-SERVER_NAME = "mirrorserve"
-PLATFORM = "tensorflow_savedmodel"
-SIGNATURE_PARAMETER = "signature_name"
-
-
-def _server_version() -> str:
-    try:
-        return importlib.metadata.version(SERVER_NAME)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def _version(text: str, where: str) -> int | None:
-    if not text:
-        return None
-    if not text.isdigit():
-        raise InvalidInput(f"{where} '{text}' is not a version number")
-    return int(text)
-
 
 class V2Servicer(Admission):
     def __init__(self, registry: Registry, max_tensor_bytes: int, ready: Callable[[], bool]) -> None:
@@ -55,7 +36,7 @@ class V2Servicer(Admission):
         self._registry = registry
         self._max_tensor_bytes = max_tensor_bytes
         self._ready = ready
-        self._metadata = pb.ServerMetadataResponse(name=SERVER_NAME, version=_server_version())
+        self._metadata = pb.ServerMetadataResponse(name=v2_model.SERVER_NAME, version=v2_model.server_version())
 
     async def server_live(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         return pb.ServerLiveResponse(live=True)
@@ -71,7 +52,7 @@ class V2Servicer(Admission):
         started = time.perf_counter()
         try:
             request = parse(pb.ModelReadyRequest, raw)
-            version = _version(request.version, "version")
+            version = v2_model.parse_version(request.version, "version")
             try:
                 self._registry.resolve(request.name, version)
                 ready = not self._refusing
@@ -89,16 +70,8 @@ class V2Servicer(Admission):
         try:
             request = parse(pb.ModelMetadataRequest, raw)
             name = request.name
-            servable = self._registry.resolve(name, _version(request.version, "version"))
-            assert servable.predictor is not None
-            signature = servable.predictor.signature(DEFAULT_SIGNATURE)
-            response = pb.ModelMetadataResponse(
-                name=servable.name, platform=PLATFORM,
-                versions=[str(v) for v in self._registry.models[servable.name].available_versions()])
-            for specs, into in ((signature.inputs, response.inputs), (signature.outputs, response.outputs)):
-                for tensor, spec in specs.items():
-                    shape = [] if spec.shape is None else [-1 if d is None else d for d in spec.shape]
-                    into.add(name=tensor, datatype=v2_codec.datatype_of(spec.dtype), shape=shape)
+            servable = self._registry.resolve(name, v2_model.parse_version(request.version, "version"))
+            response = json_format.ParseDict(v2_model.metadata(self._registry, servable), pb.ModelMetadataResponse())
         except Exception as exc:
             await self._recorder.fail("ModelMetadata", exc, context, started, servable, name)
         self._recorder.record("ModelMetadata", grpc.StatusCode.OK, started, servable, name)
@@ -116,10 +89,11 @@ class V2Servicer(Admission):
                 deadline = deadline_of(context)
                 request = parse(pb.ModelInferRequest, raw)
                 name = request.model_name
-                servable = self._registry.resolve(name, _version(request.model_version, "model_version"))
+                servable = self._registry.resolve(name, v2_model.parse_version(request.model_version,
+                                                                               "model_version"))
                 predictor = servable.predictor
                 assert predictor is not None
-                signature = predictor.signature(_signature_name(request.parameters))
+                signature = v2_model.signature(servable, _signature_name(request.parameters))
                 inputs = self._inputs(request)
                 wanted = [o.name for o in request.outputs]
                 answer = await predictor.predict(signature, inputs, wanted, deadline)
@@ -154,11 +128,11 @@ class V2Servicer(Admission):
 
 
 def _signature_name(parameters: Any) -> str:
-    if SIGNATURE_PARAMETER not in parameters:
+    if v2_model.SIGNATURE_PARAMETER not in parameters:
         return DEFAULT_SIGNATURE
-    value = parameters[SIGNATURE_PARAMETER]
+    value = parameters[v2_model.SIGNATURE_PARAMETER]
     if value.WhichOneof("parameter_choice") != "string_param":
-        raise InvalidInput(f"parameter '{SIGNATURE_PARAMETER}' must be a string")
+        raise InvalidInput(f"parameter '{v2_model.SIGNATURE_PARAMETER}' must be a string")
     return str(value.string_param) or DEFAULT_SIGNATURE
 
 

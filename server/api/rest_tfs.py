@@ -1,0 +1,110 @@
+"""TensorFlow Serving's REST API (g3doc/api_rest.md), the same URLs and JSON:
+
+    GET  /v1/models/NAME[/versions/N | /labels/L]            the versions' status
+    GET  /v1/models/NAME[/versions/N | /labels/L]/metadata   the signatures
+    POST /v1/models/NAME[/versions/N | /labels/L]:predict    {"instances": ...} or {"inputs": ...}
+
+It only translates, like its gRPC twin (server.api.tfs): the URL to a servable, the JSON
+(server.api.tfs_json) to named arrays, one call into the same Predictor, so REST and gRPC
+requests of a model share its batches.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import grpc
+from aiohttp import web
+from google.protobuf import json_format
+
+from server.api import json_codec, rest, tfs_json
+from server.api.recording import Recorder
+from server.api.tfs import signature_def_map
+from server.api.tfs_model_service import model_status
+from server.core.servables import Registry, Servable
+from server.errors import InvalidInput, NotFound, Unimplemented
+
+PROTOCOL = "tfserving-rest"
+_PATH = re.compile(r"/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+)|/labels/(?P<label>[^/:]+))?"
+                   r"(?P<suffix>/metadata|:[A-Za-z]+)?")
+VERBS = (":predict", ":classify", ":regress")
+
+
+def _proto_json(message: Any) -> Any:
+    return json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+
+
+class TfsRest(rest.RestFrontEnd):
+    def __init__(self, registry: Registry, max_body_bytes: int) -> None:
+        super().__init__(Recorder(registry, PROTOCOL))
+        self._registry = registry
+        self._max_body_bytes = max_body_bytes
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.get("/v1/{tail:.*}", self.get), web.post("/v1/{tail:.*}", self.post)]
+
+    @staticmethod
+    def _parse(request: web.Request) -> tuple[str, int | None, str | None, str]:
+        """(name, version, label, suffix) of a /v1/models URL."""
+        match = _PATH.fullmatch(request.path)
+        if match is None:
+            raise NotFound(f"no such URL: {request.path}; the API is /v1/models/NAME[/versions/N|/labels/L]"
+                           f"[/metadata|:predict]")
+        version = match.group("version")
+        return (match.group("name"), None if version is None else int(version), match.group("label"),
+                match.group("suffix") or "")
+
+    async def get(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        method = "GetModelStatus"
+        name = ""
+        servable: Servable | None = None
+        try:
+            name, version, label, suffix = self._parse(request)
+            if suffix == "":
+                status = model_status(self._registry, name, version, label)
+                self._recorder.record(method, grpc.StatusCode.OK, started, name=name)
+                return rest.json_response(_proto_json(status))
+            method = "GetModelMetadata"
+            if suffix != "/metadata":
+                raise InvalidInput(f"'{suffix}' takes POST; GET serves the status and /metadata")
+            servable = self._registry.resolve(name, version, label)
+            body = {"model_spec": {"name": servable.name, "signature_name": "", "version": str(servable.version)},
+                    "metadata": {"signature_def": _proto_json(signature_def_map(servable))}}
+            self._recorder.record(method, grpc.StatusCode.OK, started, servable, name)
+            return rest.json_response(body)
+        except Exception as exc:
+            return self.failure(method, exc, started, servable, name)
+
+    async def post(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        if self.refusing:
+            return self.refusal("Predict", started)
+        self.accepted += 1
+        name = ""
+        servable: Servable | None = None
+        try:
+            name, version, label, suffix = self._parse(request)
+            if suffix != ":predict":
+                if suffix in VERBS:
+                    raise Unimplemented(f"'{suffix[1:]}' is not served here; use :predict")
+                raise InvalidInput(f"POST takes :predict, not '{suffix or request.path}'")
+            deadline = rest.deadline_of(request)
+            raw = await rest.read_body(request, self._max_body_bytes)
+            signature_name, value, row_format = tfs_json.parse_predict(json_codec.loads(raw))
+            servable = self._registry.resolve(name, version, label)
+            predictor = servable.predictor
+            assert predictor is not None
+            signature = predictor.signature(signature_name)
+            inputs = tfs_json.decode_inputs(value, row_format, signature.inputs)
+            answer = await predictor.predict(signature, inputs, (), deadline)
+            response = rest.json_response(tfs_json.encode_outputs(answer.outputs, row_format))
+            self._recorder.record("Predict", grpc.StatusCode.OK, started, servable, name)
+            return response
+        except Exception as exc:
+            return self.failure("Predict", exc, started, servable, name)
+        finally:
+            self.answered += 1

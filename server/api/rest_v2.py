@@ -1,0 +1,125 @@
+"""The Open Inference Protocol's REST API (KServe v2), as tritonclient's HTTP client speaks it:
+
+    GET  /v2                                          server metadata
+    GET  /v2/health/live, /v2/health/ready            200 when true, 400 when not (the protocol's rule)
+    GET  /v2/models/NAME[/versions/V]                 model metadata
+    GET  /v2/models/NAME[/versions/V]/ready           200 when ready, 400 when not
+    POST /v2/models/NAME[/versions/V]/infer           JSON tensors, or Triton's binary extension
+
+Like its gRPC twin (server.api.v2) it only translates, through the same Predictor. A deadline comes
+from the Grpc-Timeout header or from Triton's `timeout` parameter (microseconds), whichever ends first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import grpc
+from aiohttp import web
+
+from server.api import json_codec, rest, v2_json, v2_model
+from server.api.recording import Recorder
+from server.core.servables import Registry, Servable
+from server.errors import NotFound, Unavailable
+
+PROTOCOL = "v2-rest"
+EXTENSIONS = ["binary_tensor_data"]
+
+
+class V2Rest(rest.RestFrontEnd):
+    def __init__(self, registry: Registry, max_body_bytes: int, ready: Callable[[], bool]) -> None:
+        """`ready`: whether the server as a whole is ready, as health says."""
+        super().__init__(Recorder(registry, PROTOCOL))
+        self._registry = registry
+        self._max_body_bytes = max_body_bytes
+        self._ready = ready
+        self._metadata = {"name": v2_model.SERVER_NAME, "version": v2_model.server_version(),
+                          "extensions": EXTENSIONS}
+
+    def routes(self) -> list[web.RouteDef]:
+        model = "/v2/models/{name}"
+        version = model + "/versions/{version}"
+        return [
+            web.get("/v2", self.server_metadata),
+            web.get("/v2/health/live", self.live),
+            web.get("/v2/health/ready", self.server_ready),
+            *(route for base in (model, version) for route in (
+                web.get(base, self.model_metadata),
+                web.get(base + "/ready", self.model_ready),
+                web.post(base + "/infer", self.infer),
+            )),
+        ]
+
+    async def server_metadata(self, request: web.Request) -> web.StreamResponse:
+        return rest.json_response(self._metadata)
+
+    async def live(self, request: web.Request) -> web.StreamResponse:
+        return rest.json_response({"live": True})
+
+    async def server_ready(self, request: web.Request) -> web.StreamResponse:
+        ready = self._ready() and not self.refusing
+        return rest.json_response({"ready": ready}, 200 if ready else 400)
+
+    def _resolve(self, request: web.Request) -> Servable:
+        version = v2_model.parse_version(request.match_info.get("version", ""), "version")
+        return self._registry.resolve(request.match_info["name"], version)
+
+    async def model_ready(self, request: web.Request) -> web.StreamResponse:
+        """Ready or not; only a malformed version is an error (an unknown model is not ready)."""
+        started = time.perf_counter()
+        name = request.match_info["name"]
+        try:
+            try:
+                self._resolve(request)
+                ready = not self.refusing
+            except (NotFound, Unavailable):
+                ready = False
+        except Exception as exc:
+            return self.failure("ModelReady", exc, started, name=name)
+        self._recorder.record("ModelReady", grpc.StatusCode.OK, started, name=name)
+        return rest.json_response({"name": name, "ready": ready}, 200 if ready else 400)
+
+    async def model_metadata(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        name = request.match_info["name"]
+        servable: Servable | None = None
+        try:
+            servable = self._resolve(request)
+            body = v2_model.metadata(self._registry, servable)
+        except Exception as exc:
+            return self.failure("ModelMetadata", exc, started, servable, name)
+        self._recorder.record("ModelMetadata", grpc.StatusCode.OK, started, servable, name)
+        return rest.json_response(body)
+
+    async def infer(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        if self.refusing:
+            return self.refusal("ModelInfer", started)
+        self.accepted += 1
+        name = request.match_info["name"]
+        servable: Servable | None = None
+        try:
+            deadline = rest.deadline_of(request)
+            raw = await rest.read_body(request, self._max_body_bytes)
+            header, binary = v2_json.split_body(raw, request.headers.get(v2_json.HEADER_LENGTH))
+            infer = v2_json.parse_infer(json_codec.loads(header), binary, self._max_body_bytes)
+            if infer.timeout_us is not None:
+                until = time.monotonic() + infer.timeout_us / 1e6
+                deadline = until if deadline is None else min(deadline, until)
+            servable = self._resolve(request)
+            predictor = servable.predictor
+            assert predictor is not None
+            signature = v2_model.signature(servable, infer.signature_name)
+            answer = await predictor.predict(signature, infer.inputs, infer.outputs, deadline)
+            outputs = {n: answer.outputs[n] for n in infer.outputs} if infer.outputs else answer.outputs
+            body, header_length = v2_json.encode_infer(servable.name, str(servable.version), infer, outputs)
+            self._recorder.record("ModelInfer", grpc.StatusCode.OK, started, servable, name)
+            if header_length is None:
+                return web.Response(body=body, content_type="application/json")
+            return web.Response(body=body, content_type="application/octet-stream",
+                                headers={v2_json.HEADER_LENGTH: str(header_length)})
+        except Exception as exc:
+            return self.failure("ModelInfer", exc, started, servable, name)
+        finally:
+            self.answered += 1

@@ -1,0 +1,52 @@
+"""What both Open Inference Protocol front-ends (gRPC and REST) say about a model the same way:
+versions as the protocol's strings, the signature a request addresses, and model metadata."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Any
+
+from server.api import v2_codec
+from server.core.servables import Registry, Servable
+from server.core.signatures import DEFAULT_SIGNATURE, Signature
+from server.errors import InvalidInput
+
+SERVER_NAME = "mirrorserve"
+PLATFORM = "tensorflow_savedmodel"
+SIGNATURE_PARAMETER = "signature_name"
+
+
+def server_version() -> str:
+    try:
+        return importlib.metadata.version(SERVER_NAME)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def parse_version(text: str, where: str) -> int | None:
+    """A version string: empty for the highest available, else a number."""
+    if not text:
+        return None
+    if not text.isdigit():
+        raise InvalidInput(f"{where} '{text}' is not a version number")
+    return int(text)
+
+
+def signature(servable: Servable, name: str = DEFAULT_SIGNATURE) -> Signature:
+    predictor = servable.predictor
+    assert predictor is not None
+    return predictor.signature(name or DEFAULT_SIGNATURE)
+
+
+def metadata(registry: Registry, servable: Servable) -> dict[str, Any]:
+    """ModelMetadataResponse's fields, as plain values: the default signature's tensors, with -1
+    for the batch dimension (and any other dimension of unknown size)."""
+    described = signature(servable)
+
+    def tensors(specs: Any) -> list[dict[str, Any]]:
+        return [{"name": name, "datatype": v2_codec.datatype_of(spec.dtype),
+                 "shape": [] if spec.shape is None else [-1 if d is None else d for d in spec.shape]}
+                for name, spec in specs.items()]
+
+    return {"name": servable.name, "versions": [str(v) for v in registry.models[servable.name].available_versions()],
+            "platform": PLATFORM, "inputs": tensors(described.inputs), "outputs": tensors(described.outputs)}
