@@ -5,8 +5,9 @@ For an overhead-bound model (mlp) and a compute-bound one (cnn), it measures
       servers start and again after they stop; the ratios use the higher of the two;
   (b) the wire ceiling: a grpc.aio server replaying one precomputed response (bench.fixed_server);
   (c) this server with batching off (--max-batch-size 1);
-  (d) this server with its defaults, over TF Serving's Predict and over the Open Inference
-      Protocol's ModelInfer (same server, same turns: v2's CPU per request against Predict's);
+  (d) this server with its defaults, over TF Serving's Predict, over the Open Inference
+      Protocol's ModelInfer, and over TF Serving's REST predict (same server, same turns: each
+      one's CPU per request against Predict's);
 each server under `python -m client bench` at 1, 4, 16 and 64 concurrent 1-row callers (4: where
 waiting for more rows could cost more than it gains), and writes a
 markdown table with the ratios (build/bench/results.md) and the raw figures (results.json).
@@ -43,7 +44,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = {"mlp": ("x", (1, 256)), "cnn": ("image", (1, 96, 96, 3))}
-SERVING = re.compile(r"serving model=.* grpc_port=(\d+)")
+SERVING = re.compile(r"serving model=.* grpc_port=(\d+) rest_api_port=(\d+)")
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
@@ -83,15 +84,16 @@ class Process:
 
 
 def start_ours(base: Path, flags: list[str], work: Path, label: str) -> tuple[Process, str]:
+    """The server and its target: 127.0.0.1:GRPC_PORT,REST_PORT (measure() takes the one it needs)."""
     log = work / f"{label}.log"
     process = Process(["-m", "server", "--model-base-path", str(base), "--model-name", base.name,
-                       "--port", "0", "--metrics-port", "-1", "--drain-delay-s", "0", *flags], log)
+                       "--port", "0", "--rest-api-port", "0", "--drain-delay-s", "0", *flags], log)
 
-    def port() -> str | None:
+    def ports() -> str | None:
         match = SERVING.search(log.read_text(errors="replace"))
-        return match.group(1) if match else None
+        return f"{match.group(1)},{match.group(2)}" if match else None
 
-    return process, f"127.0.0.1:{process.wait_for(port)}"
+    return process, f"127.0.0.1:{process.wait_for(ports)}"
 
 
 def start_fixed(response: Path, work: Path, label: str) -> tuple[Process, str]:
@@ -106,8 +108,11 @@ def measure(target: str, model: str, input_file: Path, opts: argparse.Namespace,
             server_pid: int | None = None, protocol: str = "tfserving") -> dict[str, Any]:
     name = SHAPES[model][0]
     cpu_of = [] if server_pid is None else ["--cpu-of", str(server_pid)]
+    host, _, ports = target.rpartition(":")
+    grpc_port, _, rest_port = ports.partition(",")
     (run,) = run_json(
-        ["-m", "client", "bench", "--target", target, "--model", model, "--no-metadata",
+        ["-m", "client", "bench", "--target", f"{host}:{grpc_port}", "--rest-target", f"{host}:{rest_port}",
+         "--model", model, "--no-metadata",
          "--input", f"{name}={input_file}", "--concurrency", str(concurrency), "--protocol", protocol,
          "--warmup-s", str(opts.warmup_s), "--seconds", str(opts.seconds), *cpu_of],
         timeout=600,
@@ -212,6 +217,18 @@ def report(results: dict[str, Any], opts: argparse.Namespace) -> str:
             tfs_cpu, v2_cpu = all_server_cpu(default), all_server_cpu(v2)
             lines.append(f"| {default['concurrency']} | {rate(default)} | {rate(v2)} | {tfs_cpu:,.0f} "
                          f"| {v2_cpu:,.0f} | {ratio(v2_cpu, tfs_cpu)} |")
+        lines += ["", "TF Serving's REST predict (JSON, row format, aiohttp client) against its gRPC Predict, the "
+                  "same default server in the same turns; server CPU per request as above, and the load "
+                  "generator's own:", "",
+                  "| clients | Predict req/s | REST req/s | REST / Predict req/s | Predict p50 ms | REST p50 ms "
+                  "| Predict server CPU µs | REST server CPU µs | REST / Predict CPU | REST load generator CPU µs |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for default, rest in zip(r["default"], r["rest"], strict=True):
+            tfs_cpu, rest_cpu = all_server_cpu(default), all_server_cpu(rest)
+            lines.append(f"| {default['concurrency']} | {rate(default)} | {rate(rest)} "
+                         f"| {ratio(rest['req_per_s'], default['req_per_s'])} | {default['p50_ms']:.2f} "
+                         f"| {rest['p50_ms']:.2f} | {tfs_cpu:,.0f} | {rest_cpu:,.0f} | {ratio(rest_cpu, tfs_cpu)} "
+                         f"| {cpu(rest, 'client_cpu_us')} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -252,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
             levels = [int(c) for c in opts.concurrency.split(",")]
             servers = start_servers(base, response, work, model, opts.server_flags.split())
             # The default server is measured twice in each turn: TF Serving's Predict, then v2's ModelInfer.
-            turns = [(label, label, "tfserving") for label in servers] + [("v2", "default", "v2")]
+            # The default server is measured over REST too: TF Serving's REST predict, JSON row format.
+            turns = [(label, label, "tfserving") for label in servers] + [("v2", "default", "v2"),
+                                                                          ("rest", "default", "rest")]
             runs: dict[str, list[list[dict[str, Any]]]] = {label: [[] for _ in levels] for label, _, _ in turns}
             try:
                 for i, level in enumerate(levels):

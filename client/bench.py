@@ -14,19 +14,67 @@ window it reports the CPU it used per request, and, given the server's process i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass
 
+import aiohttp
 import grpc
 
 from client.cpu import CpuWindow
 
 PREDICT_PATH = "/tensorflow.serving.PredictionService/Predict"
 """The method a payload is sent to: TF Serving's Predict, or (client.v2) the v2 ModelInfer."""
+
+Send = Callable[[], Awaitable[str]]
+"""Send the payload once; the answer's status code name (OK, or what went wrong)."""
+Connect = Callable[[], AbstractAsyncContextManager[Send]]
+"""Opens one connection (a gRPC channel, or an HTTP session) for a whole run."""
+
+
+def grpc_connection(target: str, payload: bytes, path: str = PREDICT_PATH, timeout: float = 30.0) -> Connect:
+    @contextlib.asynccontextmanager
+    async def connect() -> AsyncIterator[Send]:
+        async with grpc.aio.insecure_channel(target) as channel:
+            call = channel.unary_unary(path)
+
+            async def send() -> str:
+                try:
+                    await call(payload, timeout=timeout)
+                except grpc.aio.AioRpcError as exc:
+                    return str(exc.code().name)
+                return "OK"
+
+            yield send
+
+    return connect
+
+
+def http_connection(url: str, payload: bytes, timeout: float = 30.0) -> Connect:
+    """POSTs of a JSON payload; 200 is OK, any other status is HTTP_<status>."""
+
+    @contextlib.asynccontextmanager
+    async def connect() -> AsyncIterator[Send]:
+        headers = {"Content-Type": "application/json"}
+        limits = aiohttp.ClientTimeout(total=timeout)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=limits) as session:
+
+            async def send() -> str:
+                try:
+                    async with session.post(url, data=payload, headers=headers) as response:
+                        await response.read()
+                        return "OK" if response.status == 200 else f"HTTP_{response.status}"
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    return type(exc).__name__
+
+            yield send
+
+    return connect
 
 
 @dataclass(frozen=True)
@@ -99,21 +147,10 @@ async def _close_cpu_window(window: CpuWindow, end: float) -> None:
     window.end()
 
 
-async def _status(call: grpc.aio.UnaryUnaryMultiCallable, payload: bytes, timeout: float) -> str:
-    """Send one request; its status code name."""
-    try:
-        await call(payload, timeout=timeout)
-    except grpc.aio.AioRpcError as exc:
-        return str(exc.code().name)
-    return "OK"
-
-
-async def closed_loop(target: str, payload: bytes, concurrency: int, warmup_s: float, seconds: float,
-                      rows: int, timeout: float = 30.0, cpu_of: Sequence[int] = (),
-                      path: str = PREDICT_PATH) -> BenchResult:
+async def closed_loop(connect: Connect, concurrency: int, warmup_s: float, seconds: float, rows: int,
+                      cpu_of: Sequence[int] = ()) -> BenchResult:
     samples: list[tuple[float, str]] = []
-    async with grpc.aio.insecure_channel(target) as channel:
-        call = channel.unary_unary(path)
+    async with connect() as send:
         start = time.perf_counter() + warmup_s
         end = start + seconds
         cpu = _open_cpu_window(cpu_of, warmup_s)
@@ -123,7 +160,7 @@ async def closed_loop(target: str, payload: bytes, concurrency: int, warmup_s: f
                 sent = time.perf_counter()
                 if sent >= end:
                     return
-                code = await _status(call, payload, timeout)
+                code = await send()
                 done = time.perf_counter()
                 if start <= done <= end:
                     samples.append((done - sent, code))
@@ -133,13 +170,11 @@ async def closed_loop(target: str, payload: bytes, concurrency: int, warmup_s: f
     return summarize("closed", concurrency, 0.0, rows, seconds, samples, cpu)
 
 
-async def open_loop(target: str, payload: bytes, rate: float, warmup_s: float, seconds: float,
-                    rows: int, timeout: float = 30.0, seed: int = 0, cpu_of: Sequence[int] = (),
-                    path: str = PREDICT_PATH) -> BenchResult:
+async def open_loop(connect: Connect, rate: float, warmup_s: float, seconds: float, rows: int, seed: int = 0,
+                    cpu_of: Sequence[int] = ()) -> BenchResult:
     samples: list[tuple[float, str]] = []
     rng = random.Random(seed)
-    async with grpc.aio.insecure_channel(target) as channel:
-        call = channel.unary_unary(path)
+    async with connect() as send:
         origin = time.perf_counter()
         start = origin + warmup_s
         end = start + seconds
@@ -147,7 +182,7 @@ async def open_loop(target: str, payload: bytes, rate: float, warmup_s: float, s
         tasks: set[asyncio.Task[None]] = set()
 
         async def one(scheduled: float) -> None:
-            code = await _status(call, payload, timeout)
+            code = await send()
             done = time.perf_counter()
             if start <= done <= end:
                 samples.append((done - scheduled, code))  # from the scheduled start

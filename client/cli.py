@@ -1,5 +1,6 @@
 """`python -m client predict`: call Predict once and print the outputs.
-`python -m client bench`: measure a server under closed-loop or open-loop load.
+`python -m client bench`: measure a server under closed-loop or open-loop load, over gRPC (TF
+Serving's Predict or the v2 ModelInfer) or REST.
 
 Inputs come from `.npy` files (`--input NAME=PATH`), or, for inputs not given, are made up at
 random from the model's metadata (`--rows` rows; unknown non-batch dimensions become 1).
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from client import bench
+from client import bench, rest
 from client.api import DEFAULT_TIMEOUT_S, PredictClient, PredictError, Tls, build_predict_request
 from server.codec import numpy_dtype
 
@@ -67,8 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-metadata", action="store_true",
                    help="send exactly the --input arrays; do not ask the server for the signature")
     b.add_argument("--rows", type=int, default=1, help="rows per request (default 1)")
-    b.add_argument("--protocol", choices=("tfserving", "v2"), default="tfserving",
-                   help="send TF Serving Predict requests (default) or Open Inference Protocol ModelInfer ones")
+    b.add_argument("--protocol", choices=("tfserving", "v2", "rest"), default="tfserving",
+                   help="send TF Serving Predict requests (default), Open Inference Protocol ModelInfer ones, "
+                        "or TF Serving REST predict calls (JSON, row format) to --rest-target")
+    b.add_argument("--rest-target", default="localhost:8501",
+                   help="HOST:PORT of the REST API, for --protocol rest (default localhost:8501)")
     b.add_argument("--concurrency", default="1,16,64",
                    help="closed loop: comma-separated caller counts (default 1,16,64)")
     b.add_argument("--rate", default="", help="open loop: comma-separated Poisson arrival rates in req/s")
@@ -142,24 +146,25 @@ def run_bench(args: argparse.Namespace) -> int:
                 return 1
     if inputs is None:
         return 2
-    path = bench.PREDICT_PATH
     if args.protocol == "v2":
         from client import v2
 
         payload = v2.build_infer_request(args.model, inputs, signature=args.signature).SerializeToString()
-        path = v2.INFER_PATH
+        connect = bench.grpc_connection(args.target, payload, v2.INFER_PATH, args.timeout)
+    elif args.protocol == "rest":
+        body = rest.build_predict_body(inputs, signature=args.signature)
+        connect = bench.http_connection(rest.predict_url(args.rest_target, args.model), body, args.timeout)
     else:
         payload = build_predict_request(args.model, inputs, signature=args.signature).SerializeToString()
+        connect = bench.grpc_connection(args.target, payload, bench.PREDICT_PATH, args.timeout)
     results = []
     for level in (int(c) for c in args.concurrency.split(",") if c.strip() and not args.rate):
-        results.append(asyncio.run(bench.closed_loop(
-            args.target, payload, level, args.warmup_s, args.seconds, args.rows, args.timeout, args.cpu_of,
-            path=path)))
+        results.append(asyncio.run(bench.closed_loop(connect, level, args.warmup_s, args.seconds, args.rows,
+                                                     args.cpu_of)))
         print(bench.table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     for rate in (float(r) for r in args.rate.split(",") if r.strip()):
-        results.append(asyncio.run(bench.open_loop(
-            args.target, payload, rate, args.warmup_s, args.seconds, args.rows, args.timeout,
-            cpu_of=args.cpu_of, path=path)))
+        results.append(asyncio.run(bench.open_loop(connect, rate, args.warmup_s, args.seconds, args.rows,
+                                                   cpu_of=args.cpu_of)))
         print(bench.table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     print(bench.table(results))
     print(bench.to_json(results))

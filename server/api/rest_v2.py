@@ -100,6 +100,7 @@ class V2Rest(rest.RestFrontEnd):
         name = request.match_info["name"]
         servable: Servable | None = None
         try:
+            servable = self._resolve(request)
             deadline = rest.deadline_of(request)
             raw = await rest.read_body(request, self._max_body_bytes)
             header, binary = v2_json.split_body(raw, request.headers.get(v2_json.HEADER_LENGTH))
@@ -107,7 +108,6 @@ class V2Rest(rest.RestFrontEnd):
             if infer.timeout_us is not None:
                 until = time.monotonic() + infer.timeout_us / 1e6
                 deadline = until if deadline is None else min(deadline, until)
-            servable = self._resolve(request)
             predictor = servable.predictor
             assert predictor is not None
             signature = v2_model.signature(servable, infer.signature_name)

@@ -16,20 +16,37 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVING = re.compile(r"serving model=.* grpc_port=(\d+) metrics_port=(-?\d+)")
-LISTENING = re.compile(r"listening grpc_port=(\d+) metrics_port=(-?\d+)")
+SERVING = re.compile(r"serving model=.* grpc_port=(\d+) rest_api_port=(-?\d+) metrics_port=(-?\d+)")
+LISTENING = re.compile(r"listening grpc_port=(\d+) rest_api_port=(-?\d+) metrics_port=(-?\d+)")
+
+
+def triton_client_path() -> str:
+    """Where `make test` installed tritonclient (apart: see the Makefile)."""
+    path = os.environ.get("TRITON_CLIENT_PATH") or str(ROOT / ".venv" / "tritonclient")
+    if not (Path(path) / "tritonclient" / "grpc" / "__init__.py").is_file():
+        pytest.fail(f"tritonclient not installed under {path}; run `make test`", pytrace=False)
+    return path
 
 
 @dataclass
 class ServerProcess:
     process: subprocess.Popen[bytes]
     port: int
-    metrics_port: int
+    rest_port: int
+    """The REST API's port (-1 when HTTP is off); /metrics is served there."""
     log_path: Path
 
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def rest_url(self) -> str:
+        return f"http://127.0.0.1:{self.rest_port}"
+
+    @property
+    def metrics_port(self) -> int:
+        return self.rest_port
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -68,7 +85,7 @@ def start_server(args: list[str], log_path: Path, env: dict[str, str] | None = N
     """Start `python -m server` on free ports; wait until it serves (or, ready=False, listens)."""
     log_file = log_path.open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "server", "--port", "0", "--metrics-port", "0", *args],
+        [sys.executable, "-m", "server", "--port", "0", "--rest-api-port", "0", *args],
         cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})},
     )

@@ -38,7 +38,7 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
     print(table)
     assert "| 1 |" in table and "| 4 |" in table and "default / fixed" in table and "CPU per request" in table
     assert "fixed-response: load generator" in table  # the client's CPU in each server's runs
-    assert "v2 / Predict CPU" in table
+    assert "v2 / Predict CPU" in table and "REST / Predict CPU" in table
 
 
 def test_client_bench_open_loop(server_for, tmp_path: Path) -> None:

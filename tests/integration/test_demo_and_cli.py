@@ -51,7 +51,7 @@ def test_demo_server_and_cli_predict(tmp_path: Path) -> None:
 def test_bad_model_path_exits_with_message(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "server", "--model-base-path", str(tmp_path / "missing"), "--port", "0",
-         "--metrics-port", "-1"],
+         "--rest-api-port", "-1"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 2

@@ -87,7 +87,7 @@ def test_ctrl_c_to_the_process_group_drains_cleanly(model_dirs: dict[str, Path],
     log_path = tmp_path / "server.log"
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "server", "--port", "0", "--metrics-port", "-1", "--drain-delay-s", "0.5",
+            [sys.executable, "-m", "server", "--port", "0", "--rest-api-port", "-1", "--drain-delay-s", "0.5",
              "--model-base-path", str(model_dirs["slow"]), "--model-name", "slow"],
             cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},

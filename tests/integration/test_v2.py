@@ -24,20 +24,12 @@ from hypothesis import strategies as st
 
 from client.api import build_predict_request, decode_outputs
 from protos.tensorflow_serving import prediction_service_pb2_grpc
-from tests.integration.conftest import ROOT, ServerProcess, start_server
+from tests.integration.conftest import ServerProcess, start_server, triton_client_path
 
-
-def _triton_path() -> str:
-    path = os.environ.get("TRITON_CLIENT_PATH") or str(ROOT / ".venv" / "tritonclient")
-    if not (Path(path) / "tritonclient" / "grpc" / "__init__.py").is_file():
-        pytest.fail(f"tritonclient not installed under {path}; run `make test`", pytrace=False)
-    return path
-
-
-sys.path.insert(0, _triton_path())
-import tritonclient.grpc as triton  # noqa: E402
-from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
-from tritonclient.utils import InferenceServerException  # noqa: E402
+sys.path.insert(0, triton_client_path())
+import tritonclient.grpc as triton
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
 
 BATCH_WAIT_MS = 300
 
