@@ -1,6 +1,6 @@
-"""SIGTERM under continuous concurrent load: every request the server accepted completes OK,
-later ones fail fast with UNAVAILABLE, the process exits 0 within the grace period, and the
-server's own count of accepted requests equals the OKs the clients saw."""
+"""SIGTERM under continuous concurrent load, over gRPC and REST together: every request the server
+accepted completes OK, later ones fail fast with UNAVAILABLE (503 over REST), the process exits 0
+within the grace period, and the server's own count of accepted requests equals the OKs the clients saw."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import signal
 import time
 from pathlib import Path
 
+import aiohttp
 import grpc
 import numpy as np
 
@@ -22,13 +23,34 @@ DRAIN_DELAY_S = 1.5
 WORKERS = 16
 
 
-async def load(target: str, sigterm_sent: asyncio.Event, stop_at: list[float]) -> list[tuple[float, float, str]]:
-    """Closed-loop workers; each result is (sent, answered, status code name)."""
+REST_WORKERS = 4
+
+
+async def load(target: str, rest_url: str, stop_at: list[float]) -> list[tuple[float, float, str]]:
+    """Closed-loop workers, gRPC and REST; each result is (sent, answered, status code name), REST
+    statuses named as their gRPC codes (a refused connection after exit counts as UNAVAILABLE)."""
     results: list[tuple[float, float, str]] = []
     x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
     request = build_predict_request("demo", {"x": x})
-    async with grpc.aio.insecure_channel(target) as channel:
+    codes = {200: "OK", 503: "UNAVAILABLE"}
+    async with grpc.aio.insecure_channel(target) as channel, aiohttp.ClientSession() as session:
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+
+        async def rest_worker() -> None:
+            while not stop_at or time.monotonic() < stop_at[0]:
+                sent = time.monotonic()
+                try:
+                    async with session.post(f"{rest_url}/v1/models/demo:predict",
+                                            json={"instances": x.tolist()}) as response:
+                        await response.read()
+                        code = codes.get(response.status, f"HTTP_{response.status}")
+                except aiohttp.ClientConnectorError:  # refused: the listener is closed
+                    code = "UNAVAILABLE"
+                except aiohttp.ClientConnectionError:  # in transit when the server closed the connection
+                    code = "CANCELLED"
+                results.append((sent, time.monotonic(), code))
+                if code != "OK":
+                    await asyncio.sleep(0.01)
 
         async def worker() -> None:
             while not stop_at or time.monotonic() < stop_at[0]:
@@ -43,7 +65,7 @@ async def load(target: str, sigterm_sent: asyncio.Event, stop_at: list[float]) -
                 if code != "OK":
                     await asyncio.sleep(0.01)
 
-        await asyncio.gather(*(worker() for _ in range(WORKERS)))
+        await asyncio.gather(*(worker() for _ in range(WORKERS)), *(rest_worker() for _ in range(REST_WORKERS)))
     return results
 
 
@@ -57,9 +79,8 @@ def test_sigterm_drains_without_losing_accepted_requests(model_dirs: dict[str, P
     timeline: dict[str, float] = {}
 
     async def scenario() -> list[tuple[float, float, str]]:
-        sigterm_sent = asyncio.Event()
         stop_at: list[float] = []
-        load_task = asyncio.create_task(load(server.target, sigterm_sent, stop_at))
+        load_task = asyncio.create_task(load(server.target, server.rest_url, stop_at))
         await asyncio.sleep(2.0)
         timeline["sigterm"] = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
@@ -86,10 +107,12 @@ def test_sigterm_drains_without_losing_accepted_requests(model_dirs: dict[str, P
     assert server.process.returncode == 0, server.log()[-3000:]
     assert exit_s < GRACE_S, exit_s
     refusal_point = timeline["sigterm"] + DRAIN_DELAY_S
-    # grpc itself cancels the calls in transit at the instant it closes (after ours are done):
-    # at most one per worker, and only calls sent after the refusal point.
+    # grpc itself cancels the calls in transit at the instant it closes (after ours are done), and
+    # HTTP connections close the same way: at most one per worker, only calls sent after the
+    # refusal point.
     cancelled = [sent for sent, _, code in results if code == "CANCELLED"]
-    assert len(cancelled) <= WORKERS and all(sent > refusal_point for sent in cancelled), cancelled
+    assert len(cancelled) <= WORKERS + REST_WORKERS and all(sent > refusal_point for sent in cancelled), (
+        refusal_point, timeline, cancelled)
     assert set(codes) <= {"OK", "UNAVAILABLE", "CANCELLED"}, codes
     assert ok_after_sigterm > 0, "nothing was accepted during the drain delay"
     assert refused, "no request was refused after the refusal point"
