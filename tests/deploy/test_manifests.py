@@ -84,7 +84,7 @@ def test_probes_are_grpc_health_checks_on_the_serving_port(rendered: tuple[str, 
     main = container(objects)
     ports = {p["name"]: p["containerPort"] for p in main["ports"]}
     assert ports == {"grpc": int(env_value(main, "MIRRORSERVE_PORT")),
-                     "metrics": int(env_value(main, "MIRRORSERVE_METRICS_PORT"))}
+                     "http": int(env_value(main, "MIRRORSERVE_REST_API_PORT"))}
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert main[probe]["grpc"]["port"] == ports["grpc"], probe
         assert main[probe].get("grpc", {}).get("service", "") == "", "the overall health ('') says SERVING"
@@ -92,7 +92,7 @@ def test_probes_are_grpc_health_checks_on_the_serving_port(rendered: tuple[str, 
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 300, "room to load a large model"
     annotations = one(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
-    assert int(annotations["prometheus.io/port"]) == ports["metrics"]
+    assert int(annotations["prometheus.io/port"]) == ports["http"], "metrics are served on the REST port"
     assert annotations["prometheus.io/path"] == "/metrics"
 
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import datetime
+import http.client
 import ipaddress
+import ssl
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,9 +111,15 @@ def test_tls(tls_server: ServerProcess, certs: dict[str, str]) -> None:
     assert "tls=server" in tls_server.log()
     assert results["tls"] == "OK"
     assert results["plaintext"] == "UNAVAILABLE"
-    # Metrics stay plain HTTP on their own port.
-    with urllib.request.urlopen(f"http://127.0.0.1:{tls_server.metrics_port}/metrics", timeout=10) as response:
+    # The REST port serves HTTPS with the same certificate, /metrics included; plain HTTP fails.
+    context = ssl.create_default_context(cafile=certs["ca"])
+    url = f"https://localhost:{tls_server.rest_port}"
+    with urllib.request.urlopen(f"{url}/v1/models/echo", timeout=10, context=context) as response:
+        assert b'"AVAILABLE"' in response.read()
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10, context=context) as response:
         assert b"mirrorserve_requests_total" in response.read()
+    with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+        urllib.request.urlopen(f"http://localhost:{tls_server.rest_port}/v2/health/live", timeout=10)
 
 
 def test_mutual_tls(mtls_server: ServerProcess, certs: dict[str, str]) -> None:
@@ -127,4 +136,12 @@ def test_mutual_tls(mtls_server: ServerProcess, certs: dict[str, str]) -> None:
     assert "tls=mutual" in mtls_server.log()
     assert results == {"no client certificate": "UNAVAILABLE", "certificate from another CA": "UNAVAILABLE",
                        "certificate signed by the CA": "OK", "plaintext": "UNAVAILABLE"}
+    # REST asks for the client certificate too.
+    url = f"https://localhost:{mtls_server.rest_port}/v2/health/live"
+    context = ssl.create_default_context(cafile=certs["ca"])
+    with pytest.raises((urllib.error.URLError, ConnectionError, ssl.SSLError)):
+        urllib.request.urlopen(url, timeout=10, context=context).read()
+    context.load_cert_chain(certs["client_cert"], certs["client_key"])
+    with urllib.request.urlopen(url, timeout=10, context=context) as response:
+        assert response.status == 200
     assert mtls_server.process.poll() is None

@@ -23,7 +23,7 @@ def test_defaults_without_base_path() -> None:
     assert s.batch_timeout_ms == 0.0
     assert s.batch_timeout_s == pytest.approx(0.0)
     assert s.max_queued_rows == 4096
-    assert s.metrics_port == 8501
+    assert (s.rest_api_port, s.metrics_port) == (8501, -1), "metrics live on the REST port unless asked apart"
     assert s.max_message_bytes == 64 * 1024 * 1024
 
 
@@ -60,15 +60,15 @@ def test_all_flags() -> None:
     s = parse(
         "--model-base-path", "/m/a", "--model-name", "n", "--port", "0", "--replicas", "4",
         "--max-batch-size", "8", "--batch-timeout-ms", "0.5", "--max-auto-wait-ms", "2.5", "--max-queued-rows", "100",
-        "--metrics-port", "-1", "--max-message-bytes", "1024", "--drain-delay-s", "0.5",
+        "--metrics-port", "9090", "--rest-api-port", "0", "--max-message-bytes", "1024", "--drain-delay-s", "0.5",
         "--grace-period-s", "9", "--log-format", "json", "--log-level", "DEBUG",
         "--grpc-max-connection-age-ms", "60000", "--grpc-max-connection-age-grace-ms", "5000",
         "--max-inflight-batches", "1", "--event-loop", "asyncio",
     )
     assert s == Settings(
         model_base_path="/m/a", model_name="n", model_config_file=None, file_system_poll_wait_seconds=1.0,
-        model_config_file_poll_wait_seconds=0.0, port=0, replicas=4, max_batch_size=8,
-        batch_timeout_ms=0.5, max_auto_wait_ms=2.5, max_queued_rows=100, metrics_port=-1, max_message_bytes=1024,
+        model_config_file_poll_wait_seconds=0.0, port=0, rest_api_port=0, replicas=4, max_batch_size=8,
+        batch_timeout_ms=0.5, max_auto_wait_ms=2.5, max_queued_rows=100, metrics_port=9090, max_message_bytes=1024,
         drain_delay_s=0.5, grace_period_s=9.0, log_format="json", log_level="DEBUG",
         max_concurrent_rpcs=1024, tls_cert_file=None, tls_key_file=None, tls_client_ca_file=None,
         grpc_max_connection_age_ms=60_000, grpc_max_connection_age_grace_ms=5_000,
@@ -145,6 +145,9 @@ def test_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
         ["--port", "-2"],
         ["--port", "http"],
         ["--metrics-port", "70000"],
+        ["--rest-api-port", "-2"],
+        ["--rest-api-port", "8500"],
+        ["--port", "9000", "--metrics-port", "9000"],
         ["--batch-timeout-ms", "-1"],
         ["--batch-timeout-ms", "nan"],
         ["--batch-timeout-ms", "soon"],
