@@ -165,7 +165,7 @@ def rows_to_json(array: np.ndarray, b64: bool = False) -> list[Any]:
     if array.dtype == object:
         rows: list[Any] = array_to_json(array, b64)
         return rows
-    if array.dtype and array.dtype not in _NARROW_FLOATS and (
+    if array.dtype not in _NARROW_FLOATS and (
             array.dtype.kind != "f" or np.isfinite(array).all()):
         return list(np.ascontiguousarray(array))
     return [array_to_json(row, b64) for row in array]

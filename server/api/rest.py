@@ -10,7 +10,6 @@ header (gRPC's own format, as grpc-gateway reads it), and a bound on requests ha
 
 from __future__ import annotations
 
-import logging
 import re
 import socket
 import ssl
@@ -26,8 +25,6 @@ from server.api.admission import Admission
 from server.api.status import http_status_for
 from server.core.servables import Servable
 from server.errors import InvalidInput, TooLarge
-
-log = logging.getLogger(__name__)
 
 DEADLINE_HEADER = "Grpc-Timeout"
 METRICS_PATHS = ("/metrics", "/monitoring/prometheus/metrics")

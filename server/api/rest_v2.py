@@ -21,7 +21,6 @@ from aiohttp import web
 from server.api import json_codec, rest, v2_json, v2_model
 from server.api.recording import Recorder
 from server.core.servables import Registry, Servable
-from server.errors import NotFound, Unavailable
 
 PROTOCOL = "v2-rest"
 EXTENSIONS = ["binary_tensor_data"]
@@ -70,11 +69,7 @@ class V2Rest(rest.RestFrontEnd):
         started = time.perf_counter()
         name = request.match_info["name"]
         try:
-            try:
-                self._resolve(request)
-                ready = not self.refusing
-            except (NotFound, Unavailable):
-                ready = False
+            ready = v2_model.is_ready(self._registry, name, request.match_info.get("version", "")) and not self.refusing
         except Exception as exc:
             return self.failure("ModelReady", exc, started, name=name)
         self._recorder.record("ModelReady", grpc.StatusCode.OK, started, name=name)

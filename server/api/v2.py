@@ -23,7 +23,7 @@ from server.api.recording import Recorder
 from server.api.status import parse
 from server.core.servables import Registry, Servable
 from server.core.signatures import DEFAULT_SIGNATURE, Signature
-from server.errors import InvalidInput, NotFound, Unavailable
+from server.errors import InvalidInput
 
 PROTOCOL = "v2"
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
@@ -52,12 +52,7 @@ class V2Servicer(Admission):
         started = time.perf_counter()
         try:
             request = parse(pb.ModelReadyRequest, raw)
-            version = v2_model.parse_version(request.version, "version")
-            try:
-                self._registry.resolve(request.name, version)
-                ready = not self._refusing
-            except (NotFound, Unavailable):
-                ready = False
+            ready = v2_model.is_ready(self._registry, request.name, request.version) and not self._refusing
         except Exception as exc:
             await self._recorder.fail("ModelReady", exc, context, started)
         self._recorder.record("ModelReady", grpc.StatusCode.OK, started)

@@ -9,7 +9,7 @@ from typing import Any
 from server.api import v2_codec
 from server.core.servables import Registry, Servable
 from server.core.signatures import DEFAULT_SIGNATURE, Signature
-from server.errors import InvalidInput
+from server.errors import InvalidInput, NotFound, Unavailable
 
 SERVER_NAME = "mirrorserve"
 PLATFORM = "tensorflow_savedmodel"
@@ -30,6 +30,17 @@ def parse_version(text: str, where: str) -> int | None:
     if not text.isdigit():
         raise InvalidInput(f"{where} '{text}' is not a version number")
     return int(text)
+
+
+def is_ready(registry: Registry, name: str, version_text: str) -> bool:
+    """ModelReady's answer: whether the version resolves to a serving one. An unknown model or
+    version is not ready rather than an error; only a malformed version string is one."""
+    version = parse_version(version_text, "version")
+    try:
+        registry.resolve(name, version)
+    except (NotFound, Unavailable):
+        return False
+    return True
 
 
 def signature(servable: Servable, name: str = DEFAULT_SIGNATURE) -> Signature:
