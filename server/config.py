@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -38,22 +39,18 @@ class Settings:
     """Replica count; None means the number of GPUs, else 1. On CPU: that many logical CPU devices."""
     max_batch_size: int
     """Row budget of one model execution (all replicas together)."""
-    batch_timeout_ms: float
-    """Longest wait for more rows once the first row of a batch is queued. 0 (the default): a batch
-    goes as soon as an execution slot is free while requests arrive one at a time, and rows
-    accumulate while the model is busy; once requests arrive together, see max_auto_wait_ms."""
-    max_auto_wait_ms: float
-    """With batch_timeout_ms 0: the longest a batch waits for more rows once batches carry several
-    rows on average (4 average batch times, at least 1 ms; while they carry under 6, only as long as
-    another batch executes, and not at all unless batches are short: under 3 ms and under this).
-    Once they carry 6 or more and are short, a batch that is not full also waits for a running
-    batch to end rather than start beside it. Any such wait ends early once no batch executes and
-    as many rows are queued as were present at once in recent batches (every client of a closed
-    loop is in). 0 turns the wait off."""
+    batch_timeout_ms: float | None
+    """Longest wait for more rows once a batch's oldest row is queued; 0 never waits, None (auto,
+    the default) waits only while another batch executes, at most one average batch time (see
+    server.core.batching_policy for the three rules)."""
     max_inflight_batches: int
-    """Batches executing at once; while they run, the next batch keeps filling. Default 2: on issue
-    5's 2-core benchmark the compute-bound CNN gained ~11% at 64 clients. With the auto wait, short
-    batches of 6 or more rows that are not full run one at a time anyway (see max_auto_wait_ms)."""
+    """Batches executing at once (TF Serving's num_batch_threads); while they run, the next batch
+    keeps filling. Default 2: a compute-bound model's second batch uses the core TensorFlow leaves
+    idle while the first waits on its slowest thread."""
+    allowed_batch_sizes: tuple[int, ...]
+    """Sizes a batch is padded up to (TF Serving's allowed_batch_sizes); empty: no padding."""
+    batching_parameters_file: str | None
+    """TF Serving's BatchingParameters text file; its fields override the batching flags."""
     intra_op_threads: int
     """TensorFlow threads inside one op; 0 lets TensorFlow choose (the number of cores)."""
     inter_op_threads: int
@@ -95,12 +92,8 @@ class Settings:
         return "mutual" if self.tls_client_ca_file else "server"
 
     @property
-    def batch_timeout_s(self) -> float:
-        return self.batch_timeout_ms / 1000.0
-
-    @property
-    def max_auto_wait_s(self) -> float:
-        return self.max_auto_wait_ms / 1000.0
+    def batch_timeout_s(self) -> float | None:
+        return None if self.batch_timeout_ms is None else self.batch_timeout_ms / 1000.0
 
 
 def _positive_int(text: str) -> int:
@@ -122,6 +115,20 @@ def _non_negative_float(text: str) -> float:
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
+
+
+def _timeout_ms(text: str) -> float | None:
+    return None if text.strip().lower() == "auto" else _non_negative_float(text)
+
+
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers, got {text!r}") from None
+    if any(b <= a for a, b in itertools.pairwise(sizes)) or (sizes and sizes[0] < 1):
+        raise argparse.ArgumentTypeError(f"must be positive and increasing, got {text!r}")
+    return sizes
 
 
 def _port(text: str) -> int:
@@ -164,21 +171,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="number of replicas (default: number of GPUs, else 1; on CPU, logical CPU devices)")
     p.add_argument("--max-batch-size", type=_positive_int, default=64,
                    help="rows per model execution, across all replicas (default 64)")
-    p.add_argument("--batch-timeout-ms", type=_non_negative_float, default=0.0,
-                   help="longest wait for more rows after the first is queued; 0 (default) sends a batch as "
-                        "soon as the model is free while requests come one at a time, rows accumulating "
-                        "while it is busy (see --max-auto-wait-ms)")
-    p.add_argument("--max-auto-wait-ms", type=_non_negative_float, default=10.0,
-                   help="with --batch-timeout-ms 0, once requests arrive together, the longest a batch waits "
-                        "for more (4 average batch times, at least 1 ms; while batches carry under 6 rows, only "
-                        "while another batch executes, and not at all unless batches are short: under 3 ms and "
-                        "this; once they carry 6 or more and are short, a batch that is not full also waits for "
-                        "a running one to end rather than start beside it; any wait ends once no batch executes "
-                        "and as many rows are queued as were present at once lately; default 10; 0 = never wait)")
+    p.add_argument("--batch-timeout-ms", type=_timeout_ms, default=None, metavar="MS|auto",
+                   help="longest wait for more rows after a batch's oldest row is queued; 0 = never wait; "
+                        "auto (default) = only while another batch executes, at most one average batch time")
     p.add_argument("--max-inflight-batches", type=_positive_int, default=2,
                    help="batches executing at once, each on its own warmed-up thread of the model worker "
-                        "(default 2: while one batch waits on its slowest TensorFlow thread, the other "
-                        "uses the idle core)")
+                        "(TF Serving's num_batch_threads; default 2)")
+    p.add_argument("--allowed-batch-sizes", type=_batch_sizes, default=(), metavar="N,N,...",
+                   help="pad each batch up to the next of these sizes (increasing, the last equal to "
+                        "--max-batch-size), so the model only sees them; default: no padding")
+    p.add_argument("--batching-parameters-file", "--batching_parameters_file", default=None,
+                   help="TF Serving's BatchingParameters text file (max_batch_size, batch_timeout_micros, "
+                        "num_batch_threads, max_enqueued_batches, allowed_batch_sizes); overrides the flags")
     p.add_argument("--intra-op-threads", type=_non_negative_int, default=0,
                    help="TensorFlow intra-op threads (default 0: TensorFlow's choice, one per core)")
     p.add_argument("--inter-op-threads", type=_non_negative_int, default=0,
@@ -248,6 +252,9 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         for other, other_port in fixed[index + 1:]:
             if port == other_port:
                 parser.error(f"{flag} and {other} are both {port}; each needs its own port")
+    if ns.allowed_batch_sizes and ns.allowed_batch_sizes[-1] != ns.max_batch_size:
+        parser.error(f"the last of --allowed-batch-sizes ({ns.allowed_batch_sizes[-1]}) must equal "
+                     f"--max-batch-size ({ns.max_batch_size})")
     if ns.model_config_file is not None and (ns.model_base_path is not None or ns.model_name is not None):
         parser.error("--model-config-file replaces --model-base-path and --model-name; give one or the other")
     if ns.model_config_file is not None:

@@ -36,7 +36,7 @@ from server import event_loop, logs, metrics
 from server.api import rest, rest_tfs, rest_v2, tfs, tfs_model_service, v2
 from server.api.health import Health, add_health_and_reflection
 from server.config import Settings, parse_settings
-from server.core import model_config
+from server.core import batching_policy, model_config
 from server.core.lifecycle import Lifecycle, check_base_paths
 from server.core.model_process import ModelProcess
 from server.core.servables import Registry
@@ -97,6 +97,7 @@ async def serve(settings: Settings) -> int:
         loop.add_signal_handler(sig, request_stop, sig)
 
     sources = _configured_sources(settings)
+    batching = batching_policy.server_policy(settings)  # a bad --batching_parameters_file exits 2
     config_text = Path(settings.model_config_file).read_text() if settings.model_config_file else ""
     registry = Registry()
     health = Health((tfs.SERVICE.full_name, tfs_model_service.SERVICE.full_name, v2.SERVICE.full_name))
@@ -170,10 +171,9 @@ async def serve(settings: Settings) -> int:
         log.info(
             "serving model=%s version=%s signatures=%s path=%s grpc_port=%d rest_api_port=%d metrics_port=%d "
             "replicas=%d "
-            "devices=%s max_batch_size=%d batch_timeout_ms=%g max_queued_rows=%d tls=%s | settings: %s",
+            "devices=%s %s tls=%s | settings: %s",
             *_describe(registry, lifecycle.configured), port, rest_port, metrics_port, len(started.devices),
-            ",".join(started.devices), settings.max_batch_size, settings.batch_timeout_ms,
-            settings.max_queued_rows, settings.tls_mode, effective,
+            ",".join(started.devices), batching.describe(), settings.tls_mode, effective,
         )
 
     def models_changed() -> None:
@@ -198,7 +198,8 @@ async def serve(settings: Settings) -> int:
     if sources is None:
         assert started.demo_base_path is not None
         sources = model_config.shorthand(started.demo_base_path, settings.model_name)
-    lifecycle = Lifecycle(settings, worker, registry, len(started.devices), on_change=models_changed)
+    lifecycle = Lifecycle(settings, worker, registry, len(started.devices), on_change=models_changed,
+                          batching=batching)
     tasks.append(loop.create_task(lifecycle.poll_versions(), name="poll-versions"))
     problems = await lifecycle.apply(sources)
     if problems:

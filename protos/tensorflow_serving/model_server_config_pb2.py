@@ -25,9 +25,10 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import any_pb2 as google_dot_protobuf_dot_any__pb2
 from protos.tensorflow_serving import file_system_storage_path_source_pb2 as protos_dot_tensorflow__serving_dot_file__system__storage__path__source__pb2
 from protos.tensorflow_serving import logging_config_pb2 as protos_dot_tensorflow__serving_dot_logging__config__pb2
+from protos.tensorflow_serving import session_bundle_config_pb2 as protos_dot_tensorflow__serving_dot_session__bundle__config__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n3protos/tensorflow_serving/model_server_config.proto\x12\x12tensorflow.serving\x1a\x19google/protobuf/any.proto\x1a?protos/tensorflow_serving/file_system_storage_path_source.proto\x1a.protos/tensorflow_serving/logging_config.proto\"\xb1\x03\n\x0bModelConfig\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tbase_path\x18\x02 \x01(\t\x12\x35\n\nmodel_type\x18\x03 \x01(\x0e\x32\x1d.tensorflow.serving.ModelTypeB\x02\x18\x01\x12\x16\n\x0emodel_platform\x18\x04 \x01(\t\x12i\n\x14model_version_policy\x18\x07 \x01(\x0b\x32K.tensorflow.serving.FileSystemStoragePathSourceConfig.ServableVersionPolicy\x12J\n\x0eversion_labels\x18\x08 \x03(\x0b\x32\x32.tensorflow.serving.ModelConfig.VersionLabelsEntry\x12\x39\n\x0elogging_config\x18\x06 \x01(\x0b\x32!.tensorflow.serving.LoggingConfig\x1a\x34\n\x12VersionLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01J\x04\x08\x05\x10\x06J\x04\x08\t\x10\n\"B\n\x0fModelConfigList\x12/\n\x06\x63onfig\x18\x01 \x03(\x0b\x32\x1f.tensorflow.serving.ModelConfig\"\x94\x01\n\x11ModelServerConfig\x12@\n\x11model_config_list\x18\x01 \x01(\x0b\x32#.tensorflow.serving.ModelConfigListH\x00\x12\x33\n\x13\x63ustom_model_config\x18\x02 \x01(\x0b\x32\x14.google.protobuf.AnyH\x00\x42\x08\n\x06\x63onfig*N\n\tModelType\x12\x1e\n\x16MODEL_TYPE_UNSPECIFIED\x10\x00\x1a\x02\x08\x01\x12\x12\n\nTENSORFLOW\x10\x01\x1a\x02\x08\x01\x12\r\n\x05OTHER\x10\x02\x1a\x02\x08\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n3protos/tensorflow_serving/model_server_config.proto\x12\x12tensorflow.serving\x1a\x19google/protobuf/any.proto\x1a?protos/tensorflow_serving/file_system_storage_path_source.proto\x1a.protos/tensorflow_serving/logging_config.proto\x1a\x35protos/tensorflow_serving/session_bundle_config.proto\"\xf7\x03\n\x0bModelConfig\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tbase_path\x18\x02 \x01(\t\x12\x35\n\nmodel_type\x18\x03 \x01(\x0e\x32\x1d.tensorflow.serving.ModelTypeB\x02\x18\x01\x12\x16\n\x0emodel_platform\x18\x04 \x01(\t\x12i\n\x14model_version_policy\x18\x07 \x01(\x0b\x32K.tensorflow.serving.FileSystemStoragePathSourceConfig.ServableVersionPolicy\x12J\n\x0eversion_labels\x18\x08 \x03(\x0b\x32\x32.tensorflow.serving.ModelConfig.VersionLabelsEntry\x12\x39\n\x0elogging_config\x18\x06 \x01(\x0b\x32!.tensorflow.serving.LoggingConfig\x12\x44\n\x13\x62\x61tching_parameters\x18\xe9\x07 \x01(\x0b\x32&.tensorflow.serving.BatchingParameters\x1a\x34\n\x12VersionLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01J\x04\x08\x05\x10\x06J\x04\x08\t\x10\n\"B\n\x0fModelConfigList\x12/\n\x06\x63onfig\x18\x01 \x03(\x0b\x32\x1f.tensorflow.serving.ModelConfig\"\x94\x01\n\x11ModelServerConfig\x12@\n\x11model_config_list\x18\x01 \x01(\x0b\x32#.tensorflow.serving.ModelConfigListH\x00\x12\x33\n\x13\x63ustom_model_config\x18\x02 \x01(\x0b\x32\x14.google.protobuf.AnyH\x00\x42\x08\n\x06\x63onfig*N\n\tModelType\x12\x1e\n\x16MODEL_TYPE_UNSPECIFIED\x10\x00\x1a\x02\x08\x01\x12\x12\n\nTENSORFLOW\x10\x01\x1a\x02\x08\x01\x12\r\n\x05OTHER\x10\x02\x1a\x02\x08\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,14 +45,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MODELCONFIG_VERSIONLABELSENTRY']._serialized_options = b'8\001'
   _globals['_MODELCONFIG'].fields_by_name['model_type']._loaded_options = None
   _globals['_MODELCONFIG'].fields_by_name['model_type']._serialized_options = b'\030\001'
-  _globals['_MODELTYPE']._serialized_start=870
-  _globals['_MODELTYPE']._serialized_end=948
-  _globals['_MODELCONFIG']._serialized_start=216
-  _globals['_MODELCONFIG']._serialized_end=649
-  _globals['_MODELCONFIG_VERSIONLABELSENTRY']._serialized_start=585
-  _globals['_MODELCONFIG_VERSIONLABELSENTRY']._serialized_end=637
-  _globals['_MODELCONFIGLIST']._serialized_start=651
-  _globals['_MODELCONFIGLIST']._serialized_end=717
-  _globals['_MODELSERVERCONFIG']._serialized_start=720
-  _globals['_MODELSERVERCONFIG']._serialized_end=868
+  _globals['_MODELTYPE']._serialized_start=995
+  _globals['_MODELTYPE']._serialized_end=1073
+  _globals['_MODELCONFIG']._serialized_start=271
+  _globals['_MODELCONFIG']._serialized_end=774
+  _globals['_MODELCONFIG_VERSIONLABELSENTRY']._serialized_start=710
+  _globals['_MODELCONFIG_VERSIONLABELSENTRY']._serialized_end=762
+  _globals['_MODELCONFIGLIST']._serialized_start=776
+  _globals['_MODELCONFIGLIST']._serialized_end=842
+  _globals['_MODELSERVERCONFIG']._serialized_start=845
+  _globals['_MODELSERVERCONFIG']._serialized_end=993
 # @@protoc_insertion_point(module_scope)

@@ -1,6 +1,7 @@
 from google.protobuf import any_pb2 as _any_pb2
 from protos.tensorflow_serving import file_system_storage_path_source_pb2 as _file_system_storage_path_source_pb2
 from protos.tensorflow_serving import logging_config_pb2 as _logging_config_pb2
+from protos.tensorflow_serving import session_bundle_config_pb2 as _session_bundle_config_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -20,7 +21,7 @@ TENSORFLOW: ModelType
 OTHER: ModelType
 
 class ModelConfig(_message.Message):
-    __slots__ = ("name", "base_path", "model_type", "model_platform", "model_version_policy", "version_labels", "logging_config")
+    __slots__ = ("name", "base_path", "model_type", "model_platform", "model_version_policy", "version_labels", "logging_config", "batching_parameters")
     class VersionLabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +36,7 @@ class ModelConfig(_message.Message):
     MODEL_VERSION_POLICY_FIELD_NUMBER: _ClassVar[int]
     VERSION_LABELS_FIELD_NUMBER: _ClassVar[int]
     LOGGING_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    BATCHING_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     name: str
     base_path: str
     model_type: ModelType
@@ -42,7 +44,8 @@ class ModelConfig(_message.Message):
     model_version_policy: _file_system_storage_path_source_pb2.FileSystemStoragePathSourceConfig.ServableVersionPolicy
     version_labels: _containers.ScalarMap[str, int]
     logging_config: _logging_config_pb2.LoggingConfig
-    def __init__(self, name: _Optional[str] = ..., base_path: _Optional[str] = ..., model_type: _Optional[_Union[ModelType, str]] = ..., model_platform: _Optional[str] = ..., model_version_policy: _Optional[_Union[_file_system_storage_path_source_pb2.FileSystemStoragePathSourceConfig.ServableVersionPolicy, _Mapping]] = ..., version_labels: _Optional[_Mapping[str, int]] = ..., logging_config: _Optional[_Union[_logging_config_pb2.LoggingConfig, _Mapping]] = ...) -> None: ...
+    batching_parameters: _session_bundle_config_pb2.BatchingParameters
+    def __init__(self, name: _Optional[str] = ..., base_path: _Optional[str] = ..., model_type: _Optional[_Union[ModelType, str]] = ..., model_platform: _Optional[str] = ..., model_version_policy: _Optional[_Union[_file_system_storage_path_source_pb2.FileSystemStoragePathSourceConfig.ServableVersionPolicy, _Mapping]] = ..., version_labels: _Optional[_Mapping[str, int]] = ..., logging_config: _Optional[_Union[_logging_config_pb2.LoggingConfig, _Mapping]] = ..., batching_parameters: _Optional[_Union[_session_bundle_config_pb2.BatchingParameters, _Mapping]] = ...) -> None: ...
 
 class ModelConfigList(_message.Message):
     __slots__ = ("config",)

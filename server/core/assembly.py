@@ -50,3 +50,9 @@ def check_rows(tensors: Mapping[str, np.ndarray], expected: int, where: str) -> 
             raise ModelFailure(
                 f"{where}: output '{name}' has shape {list(t.shape)}, expected {expected} rows"
             )
+
+
+def padding_rows(part: Tensors, rows: int) -> Tensors:
+    """`rows` copies of the first row of every input of `part`: filler up to an allowed batch size
+    that the model computes like any row (a copy of real data, so no value is out of its range)."""
+    return {name: np.repeat(array[:1], rows, axis=0) for name, array in part.items()}

@@ -1,18 +1,15 @@
 """Dynamic batching: merge concurrent requests into row-budgeted batches.
 
-Policy (see architecture.md, examples 2-5):
+Policy: the three rules of server.core.batching_policy (its docstring says why), and
+architecture.md's examples 2-5:
 - Batches are budgeted in rows (`max_batch_rows`), not requests. A request larger than the
   remaining budget is split: its first rows go now, the rest lead the next batch, and its outputs
   are reassembled in row order before its future resolves.
-- Once the oldest queued request arrived, a batch waits at most `timeout_s` (monotonic clock) for
-  more rows; a batch that is full goes at once. Because the wait counts from the first row's
-  arrival, rows that queued while the model was busy go out without further delay.
-- With no timeout (the default) a batch goes at once while requests arrive one at a time, and
-  waits briefly, bounded by `max_auto_wait_s`, once they arrive together; while batches stay
-  small, only as long as another batch is executing, and not at all unless batches are short
-  (see SHORT_BATCH_S). Larger batches that are short also wait for a running batch to end instead
-  of starting beside it (see _dispatch_at). A wait ends early once no batch executes and as
-  many rows are queued as were lately present at once (see _all_present).
+- A full batch goes at once. Otherwise, with a timeout, once its oldest row has waited that long
+  (monotonic clock); with timeout 0 as soon as a slot is free; with None (auto) at once while no
+  batch executes, else when one ends, or one average batch time after its oldest row arrived.
+- With `allowed_batch_sizes`, a batch is padded up to the next allowed size (its first row
+  repeated) and the padding's outputs are dropped.
 - At most `max_inflight` batches execute at once; while they run, the next batch keeps filling.
 - The queue is bounded in rows: a request that would overflow it is refused at once (Overloaded).
   A request that dies while queued (cancelled, or past its deadline) gives its rows back at once.
@@ -27,7 +24,6 @@ The batcher owns time and futures; row offsets live in `assembly`.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Mapping
@@ -36,26 +32,9 @@ from typing import Protocol
 
 import numpy as np
 
-from server.core.assembly import Tensors, check_rows, concat_rows, split_rows
+from server.core.assembly import Tensors, check_rows, concat_rows, padding_rows, split_rows
+from server.core.batching_policy import AUTO_WAIT_BATCHES, SMOOTHING, padded_rows
 from server.errors import DeadlineExceeded, Overloaded, Unavailable
-
-CONCURRENT_ROWS = 1.5
-"""Average rows per batch from which requests are taken to arrive concurrently (auto wait on)."""
-SMALL_BATCH_ROWS = 6.0
-"""Below this average, an idle model is not kept waiting for more rows (auto wait only while
-another batch executes, and only if batches end within max_auto_wait_s)."""
-AUTO_WAIT_BATCHES = 4.0
-"""Auto wait: this many average batch times..."""
-AUTO_WAIT_MIN_S = 0.001
-"""...but at least this long (and at most max_auto_wait_s)."""
-SHORT_BATCH_S = 0.003
-"""A batch that executes faster than this (and than max_auto_wait_s) is short: overhead-bound,
-as the benchmark MLP's (~1-2 ms); the CNN's take 5-30 ms."""
-PRESENT_WINDOW_BATCHES = 8
-"""A wait ends early once the rows queued for the batch reach the most rows present at once
-(queued or executing) over this many recent batches, while none executes."""
-SMOOTHING = 0.2
-"""Weight of the newest batch in the moving averages of batch rows and batch time."""
 
 RunBatch = Callable[[Hashable, list[Tensors]], Awaitable[tuple[Tensors, float]]]
 """Runs one batch, given as the requests' parts in row order, somewhere other than the event loop
@@ -165,21 +144,23 @@ class Batcher:
         run_batch: RunBatch,
         *,
         max_batch_rows: int,
-        timeout_s: float,
+        timeout_s: float | None,
         max_queued_rows: int,
         max_inflight: int = 1,
-        max_auto_wait_s: float = 0.0,
+        allowed_batch_sizes: tuple[int, ...] = (),
         clock: Callable[[], float] = time.monotonic,
         observer: BatchObserver | None = None,
     ) -> None:
-        if max_batch_rows < 1 or max_queued_rows < 1 or max_inflight < 1 or timeout_s < 0:
+        if max_batch_rows < 1 or max_queued_rows < 1 or max_inflight < 1 or (timeout_s or 0) < 0:
             raise ValueError("batcher limits must be positive")
+        if allowed_batch_sizes and allowed_batch_sizes[-1] != max_batch_rows:
+            raise ValueError("the last allowed batch size must be the batch budget")
         self._run_batch = run_batch
         self._max_batch_rows = max_batch_rows
         self._timeout_s = timeout_s
         self._max_queued_rows = max_queued_rows
         self._max_inflight = max_inflight
-        self._max_auto_wait_s = max_auto_wait_s
+        self._allowed_batch_sizes = allowed_batch_sizes
         self._clock = clock
         self._observer: BatchObserver = observer or _NoObserver()
         self._queues: dict[Hashable, deque[_Request]] = {}
@@ -190,17 +171,10 @@ class Batcher:
         self._inflight: set[asyncio.Task[None]] = set()
         self._executing = 0
         """Batches taken and not yet finished (the task set lags: tasks leave it by callback)."""
-        self._executing_rows = 0
-        self._present_peak = 0
-        """The most rows present at once (queued or executing) since the last batch was taken..."""
-        self._present_peaks: deque[int] = deque(maxlen=PRESENT_WINDOW_BATCHES)
-        """...and the same for each of the last batches..."""
-        self._all_present_rows = math.inf
-        """...whose largest is the rows that end a wait early (none until a batch was taken)."""
         self._batch_seconds = 0.0
-        """Moving average of a batch's execution time."""
-        self._batch_rows = 1.0
-        """Moving average of a batch's rows: about 1 while requests arrive one at a time."""
+        """Moving average of a batch's execution time (the first batch's own, until there are more);
+        0 until a batch has been timed, so nothing waits before then."""
+        self._timed = False
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -239,9 +213,6 @@ class Batcher:
         self._queues.setdefault(key, deque()).append(request)
         self._queued_requests += 1
         self._add_rows(key, rows)
-        present = self._queued_rows + self._executing_rows
-        if present > self._present_peak:
-            self._present_peak = present
         expiry = None
         if deadline is not None:
             expiry = asyncio.get_running_loop().call_later(deadline - now, self._expire, request)
@@ -308,70 +279,20 @@ class Batcher:
             except BaseException:
                 self._slots.release()
                 raise
-            rows = sum(s.rows for s in slices)
             self._executing += 1
-            self._executing_rows += rows
-            self._present_peaks.append(self._present_peak)
-            self._all_present_rows = max(self._present_peaks)
-            self._present_peak = self._queued_rows + self._executing_rows
-            task = asyncio.get_running_loop().create_task(self._execute(key, slices, rows))
+            task = asyncio.get_running_loop().create_task(self._execute(key, slices))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
 
     def _dispatch_at(self, first: _Request) -> float:
-        """When the batch that `first` heads goes, unless it fills up before.
-
-        With a timeout: that long after its first row arrived. Without (the default), at once
-        while requests arrive one at a time, so a lone client never waits. Once batches carry
-        several rows on average, requests are arriving together and the batch waits a little
-        (AUTO_WAIT_BATCHES average batch times, at least AUTO_WAIT_MIN_S, at most max_auto_wait_s):
-        on a server whose event loop is the bottleneck, fewer and larger batches free the time
-        that every batch costs it, and both throughput and latency improve (issue 5's benchmark).
-        While batches stay small (under SMALL_BATCH_ROWS rows on average), the wait lasts only
-        as long as another batch executes: a few rows save little of that per-batch time, and
-        with a few clients the rows that could come are usually queued already, so an idle
-        model kept waiting was pure delay (4 clients, side by side, median of 3: the MLP went
-        from 543 to 898 req/s, against 880 with batching off; the CNN from 391 to 555, against
-        525; even at 16 and 64 clients). And when batches are not short (they take SHORT_BATCH_S
-        or longer, or longer than the longest wait), a small batch goes at once into the free
-        slot: it could not outwait the running batch anyway, or would only start beside it a few
-        ms later (the CNN at 4 clients, side by side, 8 rounds: 515 against 484 req/s, 6 rounds
-        of 8 won, against 509 with batching off; the MLP, whose batches take ~1 ms, is not
-        affected).
-        Once batches are not small, and while they are short (under SHORT_BATCH_S and
-        max_auto_wait_s), a batch that is not full does not start beside a running one: it waits
-        for that batch to end (then for the rest of its own wait) and takes every row that came
-        meanwhile. A second short batch saves no time, and two calls into TensorFlow at once
-        cost more CPU per row (the MLP at 64 clients, three rounds side by side, each won: 3,385
-        / 3,385 / 2,435 against 2,516 / 3,274 / 1,699 req/s; the model worker spent 125-191 µs
-        of CPU per request against 135-309, all processes together 494-697 against 523-976).
-        Long batches (a compute-bound model's) still run two at once, which fills the cores
-        TensorFlow leaves idle; and a full batch, which has nothing to wait for, takes a free
-        slot at once.
-        """
-        if self._timeout_s > 0:
+        """When the batch that `first` heads goes, unless it fills up before (rules 1 and 2 of
+        server.core.batching_policy)."""
+        if self._timeout_s is not None:
             return first.enqueued_at + self._timeout_s
-        if self._max_auto_wait_s <= 0 or self._batch_rows < CONCURRENT_ROWS:
-            return first.enqueued_at
-        short = self._batch_seconds < min(SHORT_BATCH_S, self._max_auto_wait_s)
-        if self._batch_rows < SMALL_BATCH_ROWS:
-            if self._executing == 0 or not short:
-                return first.enqueued_at
-        elif self._executing and short:
-            return math.inf  # until the running batch ends (or this one fills)
-        wait = max(AUTO_WAIT_MIN_S, AUTO_WAIT_BATCHES * self._batch_seconds)
-        return first.enqueued_at + min(self._max_auto_wait_s, wait)
-
-    def _all_present(self, key: Hashable) -> bool:
-        """Whether an auto wait can end early: no batch executes, and the rows queued for this
-        batch are as many as the most rows present at once in recent batches. Under a closed
-        loop (C clients, each waiting for its answer before it sends again) every client is then
-        queued, and no row can come before this batch answers some: waiting longer is pure delay.
-        This is what lets the wait be long enough to gather large batches under heavy load
-        without taxing a few clients (16 MLP clients, side by side: 2,509 against 2,139 req/s
-        with a 3 ms wait, and 1,030 with a 10 ms one without this)."""
-        return (self._timeout_s == 0 and self._executing == 0
-                and self._key_rows.get(key, 0) >= self._all_present_rows)
+        if self._executing == 0:
+            return first.enqueued_at  # the model is idle: waiting is pure delay
+        # Beside a running batch: until it ends (its end wakes the loop), at most this long.
+        return first.enqueued_at + AUTO_WAIT_BATCHES * self._batch_seconds
 
     def _oldest_key(self) -> tuple[Hashable, _Request] | None:
         """The key whose head request has waited longest, sweeping dead heads."""
@@ -405,12 +326,9 @@ class Batcher:
                     key = full  # a full batch goes at once, even while an older one is filling
                     break
                 remaining = self._dispatch_at(first) - self._clock()
-                if remaining <= 0 or self._all_present(key):
+                if remaining <= 0:
                     break
                 self._wakeup.clear()
-                if remaining == math.inf:
-                    await self._wakeup.wait()
-                    continue
                 try:
                     async with asyncio.timeout(remaining):
                         await self._wakeup.wait()
@@ -444,7 +362,7 @@ class Batcher:
             del self._key_rows[key]
         return slices
 
-    async def _execute(self, key: Hashable, slices: list[_Slice], rows: int) -> None:
+    async def _execute(self, key: Hashable, slices: list[_Slice]) -> None:
         try:
             now = self._clock()
             # Last look before compute: a request cancelled or expired since it was taken is
@@ -455,9 +373,8 @@ class Batcher:
             await self._run_isolating(key, [s for s in slices if not s.request.future.done()])
         finally:
             self._executing -= 1
-            self._executing_rows -= rows
             self._slots.release()
-            self._wakeup.set()  # a small batch waiting only while this one ran may go now
+            self._wakeup.set()  # a batch waiting only while this one ran may go now
 
     async def _run_isolating(self, key: Hashable, live: list[_Slice]) -> None:
         """Run the slices as one batch; if it fails, re-run each half, down to single requests."""
@@ -479,12 +396,19 @@ class Batcher:
         rows = sum(s.rows for s in live)
         self._observer.batch_started(rows)
         seconds: float | None = None
+        parts = [s.inputs() for s in live]
+        padded = padded_rows(self._allowed_batch_sizes, rows)
+        if padded > rows:
+            parts.append(padding_rows(parts[0], padded - rows))
         try:
-            outputs, elapsed = await self._run_batch(key, [s.inputs() for s in live])
-            check_rows(outputs, rows, "batch")
+            outputs, elapsed = await self._run_batch(key, parts)
+            check_rows(outputs, padded, "batch")
+            if padded > rows:
+                outputs = {name: array[:rows] for name, array in outputs.items()}
             seconds = elapsed
-            self._batch_seconds += SMOOTHING * (elapsed - self._batch_seconds)
-            self._batch_rows += SMOOTHING * (rows - self._batch_rows)
+            weight = SMOOTHING if self._timed else 1.0
+            self._batch_seconds += weight * (elapsed - self._batch_seconds)
+            self._timed = True
         except Exception as exc:
             return exc
         finally:

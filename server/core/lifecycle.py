@@ -32,8 +32,10 @@ from tensorflow.core.protobuf import meta_graph_pb2
 
 from server import metrics
 from server.config import Settings
+from server.core import batching_policy
 from server.core.assembly import Tensors, replica_bounds
 from server.core.batcher import Batcher
+from server.core.batching_policy import BatchingPolicy
 from server.core.model import scan_versions
 from server.core.model_config import ConfigError, ModelSource, read_config_file
 from server.core.model_process import LoadError, ModelProcess
@@ -83,8 +85,9 @@ def check_base_paths(sources: Sequence[ModelSource]) -> None:
 
 class Lifecycle:
     def __init__(self, settings: Settings, worker: ModelProcess, registry: Registry, devices: int,
-                 *, on_change: Callable[[], None] = lambda: None) -> None:
+                 *, on_change: Callable[[], None] = lambda: None, batching: BatchingPolicy | None = None) -> None:
         self._settings = settings
+        self._batching = batching_policy.server_policy(settings) if batching is None else batching
         self._worker = worker
         self._registry = registry
         self._devices = devices
@@ -223,9 +226,11 @@ class Lifecycle:
         self._on_change()
         started = time.monotonic()
         fields = _fields(name, version)
-        log.info("loading model=%s version=%d path=%s", name, version, path, extra=fields)
+        policy = self._policy_for(model)
+        log.info("loading model=%s version=%d path=%s batching: %s", name, version, path, policy.describe(),
+                 extra=fields)
         try:
-            loaded = await self._worker.load(servable.id, name, version, path)
+            loaded = await self._worker.load(servable.id, name, version, path, policy.warm_up_sizes())
         except (LoadError, Unavailable) as exc:
             code = exc.code if isinstance(exc, LoadError) else UNAVAILABLE_CODE
             servable.state = State.END
@@ -243,7 +248,7 @@ class Lifecycle:
         info = loaded.info
         servable.signature_defs = {k: meta_graph_pb2.SignatureDef.FromString(v)
                                    for k, v in loaded.signature_defs.items()}
-        servable.predictor = Predictor(info, self._batcher_for(servable))
+        servable.predictor = Predictor(info, self._batcher_for(servable, policy))
         self._by_id[servable.id] = servable
         servable.state = State.AVAILABLE
         model.refresh()
@@ -255,8 +260,13 @@ class Lifecycle:
                  name, version, ",".join(served), time.monotonic() - started, extra=fields)
         self._on_change()
 
-    def _batcher_for(self, servable: Servable) -> Batcher:
-        settings = self._settings
+    def _policy_for(self, model: Model) -> BatchingPolicy:
+        """The server's batching, with the model's own config fields over it."""
+        if model.source.batching is None:
+            return self._batching
+        return batching_policy.apply(self._batching, model.source.batching)
+
+    def _batcher_for(self, servable: Servable, policy: BatchingPolicy) -> Batcher:
         labels = (servable.name, str(servable.version))
         replica_rows = [metrics.REPLICA_ROWS.labels(*labels, str(i)) for i in range(self._devices)]
         worker, servable_id = self._worker, servable.id
@@ -271,15 +281,15 @@ class Lifecycle:
 
         batcher = Batcher(
             run_batch,
-            max_batch_rows=settings.max_batch_size,
-            timeout_s=settings.batch_timeout_s,
-            max_auto_wait_s=settings.max_auto_wait_s,
-            max_queued_rows=settings.max_queued_rows,
-            max_inflight=settings.max_inflight_batches,
+            max_batch_rows=policy.max_batch_size,
+            timeout_s=policy.batch_timeout_s,
+            max_queued_rows=policy.max_queued_rows,
+            max_inflight=policy.max_inflight_batches,
+            allowed_batch_sizes=policy.allowed_batch_sizes,
             observer=metrics.BatcherMetrics(*labels),
         )
         batcher.start()
-        metrics.QUEUE_ROWS_LIMIT.labels(*labels).set(settings.max_queued_rows)
+        metrics.QUEUE_ROWS_LIMIT.labels(*labels).set(policy.max_queued_rows)
         return batcher
 
     async def _unload(self, model: Model, servable: Servable) -> None:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from protos.tensorflow_serving import model_server_config_pb2
+from protos.tensorflow_serving import model_server_config_pb2, session_bundle_config_pb2
+from server.core import batching_policy
 
 PLATFORMS = ("", "tensorflow")
 
@@ -51,6 +52,10 @@ class VersionPolicy:
 
 
 LATEST_ONE = VersionPolicy("latest", 1)
+CHECK_BASE = batching_policy.BatchingPolicy(max_batch_size=1, batch_timeout_s=None, max_inflight_batches=1,
+                                            max_queued_rows=1)
+"""A policy to check a model's batching fields against, whatever the server's turns out to be: a
+model's own sizes come whole (see batching_policy), so only the fields themselves can be wrong."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,8 @@ class ModelSource:
     base_path: str
     policy: VersionPolicy = LATEST_ONE
     labels: Mapping[str, int] = field(default_factory=dict)
+    batching: session_bundle_config_pb2.BatchingParameters | None = None
+    """This model's own batching fields (our `batching_parameters` extension), over the server's."""
 
 
 def shorthand(base_path: str, name: str) -> list[ModelSource]:
@@ -130,7 +137,15 @@ def _source(model: model_server_config_pb2.ModelConfig, at: str) -> ModelSource:
             raise ConfigError(
                 f"{at}: model '{model.name}' label '{label}' points at version {version}, which its "
                 f"specific policy does not serve ({policy.describe()})")
-    return ModelSource(name=model.name, base_path=model.base_path, policy=policy, labels=labels)
+    batching = None
+    if model.HasField("batching_parameters"):
+        batching = session_bundle_config_pb2.BatchingParameters()
+        batching.CopyFrom(model.batching_parameters)
+        try:
+            batching_policy.apply(CHECK_BASE, batching)
+        except ValueError as exc:
+            raise ConfigError(f"{at}: model '{model.name}' batching_parameters: {exc}") from None
+    return ModelSource(name=model.name, base_path=model.base_path, policy=policy, labels=labels, batching=batching)
 
 
 def _policy(model: model_server_config_pb2.ModelConfig, at: str) -> VersionPolicy:

@@ -100,13 +100,14 @@ class ModelProcess:
         self._reading = True
         return first
 
-    async def load(self, servable: int, name: str, version: int, path: str) -> Loaded:
+    async def load(self, servable: int, name: str, version: int, path: str,
+                   warm_up_sizes: tuple[int, ...]) -> Loaded:
         """Load and warm up one version in the worker under a fresh servable id; LoadError if it fails."""
         self._check_alive()
         assert self._conn is not None
         future: asyncio.Future[Loaded] = asyncio.get_running_loop().create_future()
         self._loads[servable] = future
-        self._send(Load(servable, name, version, path))
+        self._send(Load(servable, name, version, path, warm_up_sizes))
         return await future
 
     async def unload(self, servable: int) -> None:

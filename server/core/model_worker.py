@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from server import logs
 from server.config import Settings
+from server.core import batching_policy
 from server.core.worker_protocol import (
     Done,
     Failed,
@@ -77,14 +78,16 @@ def run(conn: Connection, settings: Settings) -> None:
     try:
         strategy, devices = _start(settings)
         demo = _demo_base_path(settings)
+        # One thread per batch in flight; a model configured for more shares them.
+        threads = batching_policy.server_policy(settings).max_inflight_batches
     except Exception as exc:
         log.debug("start-up failed", exc_info=True)
         conn.send(StartFailed(type(exc).__name__, str(exc)))
         return
     send_lock = threading.Lock()
-    servables = _Servables(conn, send_lock, strategy, settings.max_batch_size)
+    servables = _Servables(conn, send_lock, strategy)
     slots: dict[int, mmap.mmap] = {}
-    batches = _Batches(conn, send_lock, servables, slots, settings.max_inflight_batches)
+    batches = _Batches(conn, send_lock, servables, slots, threads)
     gc.collect()
     gc.freeze()  # as in the server: no full collection over TensorFlow's objects mid-batch
     conn.send(Started(devices, demo))
@@ -134,12 +137,10 @@ class _Servable:
 class _Servables:
     """The loaded servables, and the thread that loads and unloads them one at a time."""
 
-    def __init__(self, conn: Connection, send_lock: threading.Lock, strategy: tf.distribute.Strategy,
-                 max_rows: int) -> None:
+    def __init__(self, conn: Connection, send_lock: threading.Lock, strategy: tf.distribute.Strategy) -> None:
         self._conn = conn
         self._send_lock = send_lock
         self._strategy = strategy
-        self._max_rows = max_rows
         self._loaded: dict[int, _Servable] = {}
         self._jobs: queue.SimpleQueue[Load | Unload] = queue.SimpleQueue()
         threading.Thread(target=self._work, name="loader", daemon=True).start()
@@ -185,7 +186,7 @@ class _Servables:
                 if name not in info.unservable
             }
             for runner in runners.values():
-                runner.warm_up(self._max_rows)
+                runner.warm_up(job.warm_up_sizes)
         except Exception as exc:
             log.debug("loading %s failed", job.path, exc_info=True)
             failed = LoadFailed(job.servable, error_code(exc), f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS])

@@ -12,7 +12,7 @@ combination of chunk sizes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -111,10 +111,9 @@ class SignatureRunner:
             outputs.append(arrays)
         return concat_rows(outputs)
 
-    def warm_up(self, max_rows: int) -> None:
-        """Run every batch size a power of two up to max_rows (and max_rows itself), so neither
-        tracing nor the kernels' first-use set-up for a new shape lands on a real request."""
-        sizes = sorted({min(2**i, max_rows) for i in range(max_rows.bit_length() + 1)} | {max_rows})
+    def warm_up(self, sizes: Sequence[int]) -> None:
+        """Run each batch size once (BatchingPolicy.warm_up_sizes), so neither tracing nor the
+        kernels' first-use set-up for a new shape lands on a real request."""
         for rows in sizes:
             batch = {}
             for name, spec in self.signature.inputs.items():

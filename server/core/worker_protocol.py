@@ -47,6 +47,8 @@ class Load:
     name: str
     version: int
     path: str
+    warm_up_sizes: tuple[int, ...]
+    """Batch sizes to run once before serving (the model's batching policy says which)."""
 
 
 @dataclass(frozen=True)

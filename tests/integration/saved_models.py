@@ -5,6 +5,7 @@ Each is tiny and deterministic, made to expose one property of the server:
 - multi: two float/int inputs, a second signature, and a string signature: input validation.
 - logic: boolean inputs and outputs.
 - tagged: answers with its own version number: which version served a request (lifecycle).
+- batch_rows: answers each row with the number of rows of the batch it ran in (padding, splits).
 """
 
 from __future__ import annotations
@@ -124,3 +125,15 @@ def build_logic(version_dir: Path) -> None:
     module = Logic()
     tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.serve,
                                                               "halve": module.halve})
+
+
+class BatchRows(tf.Module):
+    @tf.function(input_signature=[tf.TensorSpec([None, 1], tf.int64, name="x")])
+    def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+        rows = tf.shape(x, out_type=tf.int64)[0]
+        return {"x": x, "batch_rows": tf.fill(tf.shape(x)[:1], rows)}
+
+
+def build_batch_rows(version_dir: Path) -> None:
+    module = BatchRows()
+    tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.serve})

@@ -21,22 +21,38 @@ from tests.integration.conftest import ROOT, start_server
 
 
 def test_bench_suite_smoke(tmp_path: Path) -> None:
-    """Seconds, not minutes; no timing is asserted, only that every figure is produced."""
+    """A minute, not an hour; no timing is asserted, only that every figure and every goal is produced."""
     done = subprocess.run([sys.executable, "-m", "bench.suite", "--smoke", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     mlp = results["mlp"]
     assert set(mlp["inprocess"]) == {"1", "16", "64"} and all(v > 0 for v in mlp["inprocess"].values())
-    before, after = mlp["inprocess_runs"]  # measured before the servers and after; the higher counts
+    before, after = mlp["inprocess_runs"]  # measured before the servers and after; the better counts
     assert mlp["inprocess"] == {b: max(before[b], after[b]) for b in before}
-    for label in ("fixed", "off", "default", "v2"):
-        assert [r["concurrency"] for r in mlp[label]] == [1, 4]
+    assert 0 < mlp["inprocess_1_row_ms"] == min(mlp["inprocess_1_row_ms_runs"])
+    for label in ("fixed", "off", "default", "reference", "v2", "rest"):
+        assert [r["concurrency"] for r in mlp[label]] == [1, 64]
         assert all(r["codes"] == {"OK": r["requests"]} and r["req_per_s"] > 0 for r in mlp[label]), mlp[label]
         assert all(r["client_cpu_us"] > 0 and r["server_cpu_us"] > 0 for r in mlp[label]), mlp[label]
+    # the open-loop sweep: at half the default server's req/s at 64 clients, each server in turn
+    assert mlp["capacity_clients"] == 64 and mlp["capacity_req_per_s"] == mlp["default"][1]["req_per_s"]
+    (point,) = mlp["sweep"]
+    assert point["fraction"] == 0.5 and abs(point["rate"] - mlp["capacity_req_per_s"] / 2) < 0.1
+    for label in ("off", "default", "reference"):
+        (run,) = point[label]["runs"]
+        assert run["mode"] == "open" and run["rate"] == point["rate"] and run["requests"] > 0, run
+        assert point[label]["p50_ms_median"] is None or point[label]["p50_ms_median"] > 0
+    goals = results["goals"]
+    assert sorted(goals) == ["a", "b", "c", "d"] and all(g["status"] in ("PASS", "FAIL") for g in goals.values())
+    assert set(goals["a"]["figures"]) == set(goals["c"]["figures"]) == set(goals["d"]["figures"]) == {"mlp"}
+    assert len(goals["b"]["figures"]) == 4  # p50 and p99, against batching off and the reference
     table = (tmp_path / "results.md").read_text()
     print(table)
-    assert "| 1 |" in table and "| 4 |" in table and "default / fixed" in table and "CPU per request" in table
+    assert table.index("## Goals") < table.index("## mlp")
+    assert all(f"- {key}) " in table for key in "abcd") and "worst round" in table
+    assert "| 1 |" in table and "| 64 |" in table and "| 50% |" in table
+    assert "default / fixed" in table and "default / reference" in table and "CPU per request" in table
     assert "fixed-response: load generator" in table  # the client's CPU in each server's runs
     assert "v2 / Predict CPU" in table and "REST / Predict CPU" in table
 

@@ -20,8 +20,9 @@ def test_defaults_without_base_path() -> None:
     assert s.port == 8500
     assert s.replicas is None
     assert s.max_batch_size == 64
-    assert s.batch_timeout_ms == 0.0
-    assert s.batch_timeout_s == pytest.approx(0.0)
+    assert s.batch_timeout_ms is None, "auto"
+    assert s.batch_timeout_s is None
+    assert (s.max_inflight_batches, s.allowed_batch_sizes, s.batching_parameters_file) == (2, (), None)
     assert s.max_queued_rows == 4096
     assert (s.rest_api_port, s.metrics_port) == (8501, -1), "metrics live on the REST port unless asked apart"
     assert s.max_message_bytes == 64 * 1024 * 1024
@@ -59,25 +60,27 @@ def test_config_file_excludes_the_one_model_flags(other: list[str], capsys: pyte
 def test_all_flags() -> None:
     s = parse(
         "--model-base-path", "/m/a", "--model-name", "n", "--port", "0", "--replicas", "4",
-        "--max-batch-size", "8", "--batch-timeout-ms", "0.5", "--max-auto-wait-ms", "2.5", "--max-queued-rows", "100",
+        "--max-batch-size", "8", "--batch-timeout-ms", "0.5", "--allowed-batch-sizes", "2,4,8",
+        "--max-queued-rows", "100",
         "--metrics-port", "9090", "--rest-api-port", "0", "--max-message-bytes", "1024", "--drain-delay-s", "0.5",
         "--grace-period-s", "9", "--log-format", "json", "--log-level", "DEBUG",
         "--grpc-max-connection-age-ms", "60000", "--grpc-max-connection-age-grace-ms", "5000",
-        "--max-inflight-batches", "1", "--event-loop", "asyncio",
+        "--max-inflight-batches", "1", "--event-loop", "asyncio", "--batching_parameters_file", "/etc/batching",
     )
     assert s == Settings(
         model_base_path="/m/a", model_name="n", model_config_file=None, file_system_poll_wait_seconds=1.0,
         model_config_file_poll_wait_seconds=0.0, port=0, rest_api_port=0, replicas=4, max_batch_size=8,
-        batch_timeout_ms=0.5, max_auto_wait_ms=2.5, max_queued_rows=100, metrics_port=9090, max_message_bytes=1024,
+        batch_timeout_ms=0.5, allowed_batch_sizes=(2, 4, 8), batching_parameters_file="/etc/batching",
+        max_queued_rows=100, metrics_port=9090, max_message_bytes=1024,
         drain_delay_s=0.5, grace_period_s=9.0, log_format="json", log_level="DEBUG",
         max_concurrent_rpcs=1024, tls_cert_file=None, tls_key_file=None, tls_client_ca_file=None,
         grpc_max_connection_age_ms=60_000, grpc_max_connection_age_grace_ms=5_000,
         max_inflight_batches=1, intra_op_threads=0, inter_op_threads=0, event_loop="asyncio",
     )
     assert s.batch_timeout_s == pytest.approx(0.0005)
-    assert s.max_auto_wait_s == pytest.approx(0.0025)
-    assert parse().max_auto_wait_ms == 10.0
     assert parse("--batch-timeout-ms", "0").batch_timeout_ms == 0.0
+    assert parse("--batch-timeout-ms", "auto").batch_timeout_ms is None
+    assert parse("--batch-timeout-ms", "AUTO", "--batch-timeout-ms", "3").batch_timeout_s == pytest.approx(0.003)
 
 
 def test_settings_are_frozen() -> None:
@@ -151,6 +154,12 @@ def test_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
         ["--batch-timeout-ms", "-1"],
         ["--batch-timeout-ms", "nan"],
         ["--batch-timeout-ms", "soon"],
+        ["--max-auto-wait-ms", "2"],
+        ["--allowed-batch-sizes", "4,2,64"],
+        ["--allowed-batch-sizes", "0,64"],
+        ["--allowed-batch-sizes", "2,x"],
+        ["--allowed-batch-sizes", "2,4,8"],
+        ["--allowed-batch-sizes", "2,4,8", "--max-batch-size", "16"],
         ["--no-such-flag"],
     ],
     ids=" ".join,

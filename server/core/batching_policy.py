@@ -1,0 +1,168 @@
+"""How one model's requests are batched: the knobs in TF Serving's and Triton's words, and where
+they come from. Pure: no TensorFlow, no asyncio.
+
+The policy, in three sentences (the batcher keeps them; the README says them to users):
+1. A batch goes as soon as it holds `max_batch_size` rows; otherwise, with a batch timeout T, once
+   its oldest row has waited T (TF Serving's `batch_timeout_micros`, Triton's max queue delay),
+   and with T = 0 as soon as a batch slot is free.
+2. With the default timeout, `auto`, a batch never waits while the model is idle; while another
+   batch executes it waits for that one to end, but no longer than one average batch time after
+   its oldest row arrived, and takes every row that came meanwhile.
+3. At most `max_inflight_batches` batches execute at once (TF Serving's `num_batch_threads`,
+   Triton's instance count), at most `max_queued_rows` rows wait (beyond it: RESOURCE_EXHAUSTED),
+   and with `allowed_batch_sizes` a batch is padded up to the next allowed size by repeating its
+   first row, the padding's outputs dropped.
+
+Why `auto` waits only beside a running batch: when the model is idle, any wait is pure delay; when
+it is busy, a second batch started beside the first shares the same cores, and waiting for the
+first to end costs at most what that batch costs while it gathers the rows that arrive meanwhile.
+
+Where the values come from, later over earlier, field by field: the flags; TF Serving's
+`--batching_parameters_file`; the model's own `batching_parameters` in the model config file.
+A source that sets `max_batch_size` or `allowed_batch_sizes` sets both (allowed sizes default to
+none), so an inherited size list can never disagree with a model's own maximum.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from google.protobuf import text_format
+
+from protos.tensorflow_serving import session_bundle_config_pb2
+from server.config import Settings
+
+AUTO_WAIT_BATCHES = 1.0
+"""Auto: the longest wait beside a running batch, in average batch times. One, because waiting for
+the running batch to end is what the wait is for; longer would only idle a free slot."""
+SMOOTHING = 0.2
+"""Weight of the newest batch in the average batch time: about the last five batches count, so a
+single slow batch (a collection pause, a cold cache) does not set the next waits."""
+
+
+@dataclass(frozen=True)
+class BatchingPolicy:
+    max_batch_size: int
+    """Rows of one batch, all replicas together."""
+    batch_timeout_s: float | None
+    """Longest wait after a batch's oldest row; 0 = never wait; None = auto (see the module)."""
+    max_inflight_batches: int
+    """Batches executing at once."""
+    max_queued_rows: int
+    """Rows allowed to wait for a batch."""
+    allowed_batch_sizes: tuple[int, ...] = ()
+    """Sizes a batch is padded up to; empty: no padding."""
+
+    def __post_init__(self) -> None:
+        problem = self.problem()
+        if problem:
+            raise ValueError(problem)
+
+    def problem(self) -> str | None:
+        if self.max_batch_size < 1:
+            return f"max_batch_size must be >= 1, got {self.max_batch_size}"
+        if self.batch_timeout_s is not None and not self.batch_timeout_s >= 0:
+            return f"the batch timeout must be >= 0, got {self.batch_timeout_s}"
+        if self.max_inflight_batches < 1:
+            return f"batches in flight must be >= 1, got {self.max_inflight_batches}"
+        if self.max_queued_rows < 1:
+            return f"max_queued_rows must be >= 1, got {self.max_queued_rows}"
+        sizes = self.allowed_batch_sizes
+        if sizes:
+            if sizes[0] < 1 or any(b <= a for a, b in itertools.pairwise(sizes)):
+                return f"allowed_batch_sizes must be positive and increasing, got {list(sizes)}"
+            if sizes[-1] != self.max_batch_size:
+                return (f"the last of allowed_batch_sizes ({sizes[-1]}) must equal max_batch_size "
+                        f"({self.max_batch_size})")
+        return None
+
+    def warm_up_sizes(self) -> tuple[int, ...]:
+        """The batch sizes worth running once at load: the allowed sizes, which are the only ones
+        the model will see, else every power of two up to the maximum and the maximum itself."""
+        if self.allowed_batch_sizes:
+            return self.allowed_batch_sizes
+        top = self.max_batch_size
+        return tuple(sorted({min(2**i, top) for i in range(top.bit_length() + 1)} | {top}))
+
+    def describe(self) -> str:
+        timeout = "auto" if self.batch_timeout_s is None else f"{self.batch_timeout_s * 1e3:g}ms"
+        sizes = ",".join(map(str, self.allowed_batch_sizes)) or "any"
+        return (f"max_batch_size={self.max_batch_size} batch_timeout={timeout} "
+                f"inflight={self.max_inflight_batches} max_queued_rows={self.max_queued_rows} "
+                f"allowed_batch_sizes={sizes}")
+
+
+def padded_rows(allowed_batch_sizes: tuple[int, ...], rows: int) -> int:
+    """The rows a batch of `rows` runs as: the next allowed size, or `rows` itself."""
+    return next((size for size in allowed_batch_sizes if size >= rows), rows)
+
+
+def apply(base: BatchingPolicy, params: session_bundle_config_pb2.BatchingParameters) -> BatchingPolicy:
+    """`base` with the fields that TF Serving's BatchingParameters sets; ValueError names a field
+    that cannot be served. `batch_timeout_micros: -1` (our extension) asks for the auto wait."""
+    if params.pad_variable_length_inputs:
+        raise ValueError("pad_variable_length_inputs is not supported: the requests of one batch share "
+                         "their non-batch dimensions here")
+    changes: dict[str, object] = {}
+    if params.HasField("max_batch_size") or params.allowed_batch_sizes:
+        sizes = tuple(params.allowed_batch_sizes)
+        if params.HasField("max_batch_size"):
+            changes["max_batch_size"] = params.max_batch_size.value
+        else:
+            changes["max_batch_size"] = sizes[-1]
+        changes["allowed_batch_sizes"] = sizes
+    top = int(changes.get("max_batch_size", base.max_batch_size))  # type: ignore[call-overload]
+    if params.HasField("max_execution_batch_size") and params.max_execution_batch_size.value != top:
+        raise ValueError(f"max_execution_batch_size {params.max_execution_batch_size.value} differs from "
+                         f"max_batch_size {top}; here a batch executes whole, so they must be equal")
+    if params.HasField("batch_timeout_micros"):
+        micros = params.batch_timeout_micros.value
+        if micros < -1:
+            raise ValueError(f"batch_timeout_micros must be >= 0 (or -1 for auto), got {micros}")
+        changes["batch_timeout_s"] = None if micros == -1 else micros / 1e6
+    if params.HasField("num_batch_threads"):
+        changes["max_inflight_batches"] = params.num_batch_threads.value
+    if params.HasField("max_enqueued_batches"):
+        changes["max_queued_rows"] = params.max_enqueued_batches.value * top
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def parse_batching_parameters(text: str, where: str) -> session_bundle_config_pb2.BatchingParameters:
+    """TF Serving's batching parameters text format; ValueError names the file and line."""
+    params = session_bundle_config_pb2.BatchingParameters()
+    try:
+        text_format.Parse(text, params)
+    except text_format.ParseError as exc:
+        raise ValueError(f"{where}:{exc}") from None
+    return params
+
+
+def read_batching_parameters_file(base: BatchingPolicy, path: str | os.PathLike[str]) -> BatchingPolicy:
+    """The server-wide policy: the flags' `base` with --batching_parameters_file over it."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read batching parameters file {path}: {exc.strerror or exc}") from None
+    params = parse_batching_parameters(text, str(path))
+    try:
+        return apply(base, params)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def server_policy(settings: Settings) -> BatchingPolicy:
+    """Every model's policy unless its config entry says otherwise: the flags, then the file."""
+    base = BatchingPolicy(
+        max_batch_size=settings.max_batch_size,
+        batch_timeout_s=settings.batch_timeout_s,
+        max_inflight_batches=settings.max_inflight_batches,
+        max_queued_rows=settings.max_queued_rows,
+        allowed_batch_sizes=settings.allowed_batch_sizes,
+    )
+    if settings.batching_parameters_file is None:
+        return base
+    return read_batching_parameters_file(base, settings.batching_parameters_file)

@@ -1,0 +1,133 @@
+"""server.core.batching_policy: where a model's batching comes from (flags, TF Serving's batching
+parameters file, the model's own block), field by field, and every refusal named."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from server.config import parse_settings
+from server.core.batching_policy import (
+    BatchingPolicy,
+    apply,
+    padded_rows,
+    parse_batching_parameters,
+    read_batching_parameters_file,
+    server_policy,
+)
+from server.core.model_config import ConfigError, parse_config_text
+
+BASE = BatchingPolicy(max_batch_size=64, batch_timeout_s=None, max_inflight_batches=2, max_queued_rows=4096)
+
+
+def params(text: str) -> BatchingPolicy:
+    return apply(BASE, parse_batching_parameters(text, "batching.config"))
+
+
+def test_the_flags_make_the_server_policy() -> None:
+    settings = parse_settings(["--max-batch-size", "8", "--batch-timeout-ms", "2.5", "--max-inflight-batches", "3",
+                               "--max-queued-rows", "100", "--allowed-batch-sizes", "2,8"], environ={})
+    assert server_policy(settings) == BatchingPolicy(8, 0.0025, 3, 100, (2, 8))
+    assert server_policy(parse_settings([], environ={})) == BASE
+
+
+def test_tf_serving_file_fields_map_to_the_knobs() -> None:
+    policy = params("max_batch_size { value: 32 }\nbatch_timeout_micros { value: 1500 }\n"
+                    "max_enqueued_batches { value: 10 }\nnum_batch_threads { value: 4 }\n"
+                    'thread_pool_name { value: "ignored" }\nallowed_batch_sizes: 8\nallowed_batch_sizes: 32\n'
+                    "enable_large_batch_splitting { value: true }\nmax_execution_batch_size { value: 32 }\n")
+    assert policy == BatchingPolicy(max_batch_size=32, batch_timeout_s=0.0015, max_inflight_batches=4,
+                                    max_queued_rows=320, allowed_batch_sizes=(8, 32))
+
+
+def test_unset_fields_keep_the_base_and_minus_one_is_auto() -> None:
+    assert params("") == BASE
+    assert params("batch_timeout_micros { value: 0 }").batch_timeout_s == 0.0
+    assert params("batch_timeout_micros { value: -1 }").batch_timeout_s is None
+    assert params("num_batch_threads { value: 1 }") == BatchingPolicy(64, None, 1, 4096)
+
+
+def test_a_source_that_sets_one_size_field_sets_both() -> None:
+    """Sizes inherited from the flags never disagree with a maximum set below them."""
+    base = BatchingPolicy(16, None, 2, 100, allowed_batch_sizes=(4, 16))
+    assert apply(base, parse_batching_parameters("max_batch_size { value: 8 }", "f")) == BatchingPolicy(8, None, 2, 100)
+    assert apply(base, parse_batching_parameters("allowed_batch_sizes: 2 allowed_batch_sizes: 6", "f")) == \
+        BatchingPolicy(6, None, 2, 100, (2, 6))
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("max_batch_size { value: 0 }", "max_batch_size must be >= 1, got 0"),
+    ("batch_timeout_micros { value: -2 }", "batch_timeout_micros must be >= 0 (or -1 for auto), got -2"),
+    ("num_batch_threads { value: 0 }", "batches in flight must be >= 1, got 0"),
+    ("max_enqueued_batches { value: 0 }", "max_queued_rows must be >= 1, got 0"),
+    ("allowed_batch_sizes: 4 allowed_batch_sizes: 2",
+     "allowed_batch_sizes must be positive and increasing, got [4, 2]"),
+    ("max_batch_size { value: 8 } allowed_batch_sizes: 2 allowed_batch_sizes: 4",
+     "the last of allowed_batch_sizes (4) must equal max_batch_size (8)"),
+    ("max_batch_size { value: 8 } max_execution_batch_size { value: 4 }",
+     "max_execution_batch_size 4 differs from max_batch_size 8"),
+    ("pad_variable_length_inputs: true", "pad_variable_length_inputs is not supported"),
+])
+def test_unservable_fields_are_named(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        params(text)
+
+
+def test_file_errors_name_the_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "batching.config"
+    path.write_text("max_batch_size { value: 8 }\nmax_batch_sise { value: 8 }\n")
+    with pytest.raises(ValueError, match=rf"^{path}:2:1 : .*max_batch_sise"):
+        read_batching_parameters_file(BASE, path)
+    path.write_text("max_batch_size { value: 8 }\nnum_batch_threads { value: 0 }\n")
+    with pytest.raises(ValueError, match=rf"^{path}: batches in flight must be >= 1, got 0$"):
+        read_batching_parameters_file(BASE, path)
+    with pytest.raises(ValueError, match=r"cannot read batching parameters file .*missing"):
+        read_batching_parameters_file(BASE, tmp_path / "missing")
+
+
+def test_the_file_overrides_the_flags(tmp_path: Path) -> None:
+    path = tmp_path / "batching.config"
+    path.write_text("batch_timeout_micros { value: 0 }\nmax_batch_size { value: 16 }\n")
+    settings = parse_settings(["--batch-timeout-ms", "5", "--max-inflight-batches", "3",
+                               "--batching-parameters-file", str(path)], environ={})
+    assert server_policy(settings) == BatchingPolicy(16, 0.0, 3, 4096)
+
+
+def test_a_model_block_overrides_the_server_policy() -> None:
+    (source,) = parse_config_text(
+        'model_config_list { config { name: "a" base_path: "/a"\n'
+        "  batching_parameters { max_batch_size { value: 8 } batch_timeout_micros { value: 2000 } } } }",
+        "models.config")
+    assert source.batching is not None
+    assert apply(BASE, source.batching) == BatchingPolicy(8, 0.002, 2, 4096)
+
+
+def test_a_bad_model_block_is_a_config_error_naming_model_and_line() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config_text('model_config_list {\n config { name: "a" base_path: "/a" }\n'
+                          ' config { name: "b" base_path: "/b"\n'
+                          "   batching_parameters { num_batch_threads { value: 0 } } }\n}", "models.config")
+    assert str(info.value) == ("models.config:3: model 'b' batching_parameters: batches in flight must be >= 1, "
+                               "got 0")
+
+
+@pytest.mark.parametrize(("sizes", "rows", "expected"), [
+    ((), 5, 5), ((2, 4, 8), 1, 2), ((2, 4, 8), 4, 4), ((2, 4, 8), 5, 8), ((2, 4, 8), 8, 8),
+])
+def test_padded_rows(sizes: tuple[int, ...], rows: int, expected: int) -> None:
+    assert padded_rows(sizes, rows) == expected
+
+
+def test_warm_up_sizes_are_the_sizes_the_model_will_see() -> None:
+    assert BatchingPolicy(64, None, 1, 1).warm_up_sizes() == (1, 2, 4, 8, 16, 32, 64)
+    assert BatchingPolicy(12, None, 1, 1).warm_up_sizes() == (1, 2, 4, 8, 12)
+    assert BatchingPolicy(12, None, 1, 1, (3, 12)).warm_up_sizes() == (3, 12)
+
+
+def test_describe_says_every_knob() -> None:
+    assert BASE.describe() == ("max_batch_size=64 batch_timeout=auto inflight=2 max_queued_rows=4096 "
+                               "allowed_batch_sizes=any")
+    assert BatchingPolicy(8, 0.0005, 1, 10, (4, 8)).describe() == (
+        "max_batch_size=8 batch_timeout=0.5ms inflight=1 max_queued_rows=10 allowed_batch_sizes=4,8")

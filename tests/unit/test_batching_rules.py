@@ -1,0 +1,309 @@
+"""The three sentences of server.core.batching_policy, one test (or a few) per clause, each on the
+real Batcher with a fake model whose batches the test opens and closes:
+
+1. A batch goes once it holds max_batch_size rows; otherwise, with a timeout T, once its oldest
+   row waited T, and with T = 0 as soon as a batch slot is free.
+2. With `auto`, a batch never waits while the model is idle; while another batch executes it
+   waits for that one to end, but no longer than one average batch time after its oldest row
+   arrived, and takes every row that came meanwhile.
+3. At most max_inflight batches execute at once, at most max_queued_rows rows wait (beyond:
+   Overloaded), and with allowed_batch_sizes a batch is padded to the next allowed size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+from batcher_fakes import Call, FakeModel, assert_answer, on_thread, refused, request, until
+
+from server.core.batcher import Batcher
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def two_threads() -> Iterator[ThreadPoolExecutor]:
+    """Two model threads, so a second batch can run beside a first."""
+    with ThreadPoolExecutor(2, thread_name_prefix="fake-model") as ex:
+        yield ex
+
+
+def start(model: FakeModel, executor: ThreadPoolExecutor, **limits: Any) -> Batcher:
+    settings: dict[str, Any] = {"max_batch_rows": 64, "timeout_s": None, "max_queued_rows": 1000}
+    settings.update(limits)
+    b = Batcher(on_thread(model, executor), **settings)
+    b.start()
+    return b
+
+
+async def went_after(b: Batcher, model: FakeModel, first: int, rows: int = 1) -> float:
+    """Submit one request; seconds from its arrival until the model saw it."""
+    t0 = time.monotonic()
+    await b.submit("k", request(first, rows), rows)
+    call = next(c for c in model.calls if int(c.x[0, 0]) == first)
+    return call.at - t0
+
+
+async def running(b: Batcher, model: FakeModel, first: int) -> asyncio.Task[Any]:
+    """A 1-row batch that has reached the model and is held there until the gate opens."""
+    model.gate.clear()
+    task = asyncio.create_task(b.submit("k", request(first, 1), 1))
+    await until(lambda: bool(model.calls) and int(model.calls[-1].x[0, 0]) == first)
+    return task
+
+
+def timed_model(model: FakeModel, seconds: float) -> None:
+    """Every batch takes `seconds` on the model, so the average batch time is known."""
+
+    def slow(key: Any, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        time.sleep(seconds)
+        return {"y": batch["x"] * 2}
+
+    model.respond = slow
+
+
+# Sentence 1 ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("timeout_s", [None, 0.0, 5.0], ids=["auto", "0", "5 s"])
+def test_a_full_batch_goes_at_once_whatever_the_timeout(
+    model: FakeModel, two_threads: ThreadPoolExecutor, timeout_s: float | None
+) -> None:
+    async def main() -> None:
+        b = start(model, two_threads, max_batch_rows=8, timeout_s=timeout_s)
+        assert await went_after(b, model, 0, rows=8) < 0.1
+        await b.drain()
+
+    asyncio.run(main())
+
+
+def test_with_a_timeout_a_batch_goes_once_its_oldest_row_waited_that_long(
+    model: FakeModel, executor: ThreadPoolExecutor
+) -> None:
+    async def main() -> None:
+        b = start(model, executor, timeout_s=0.2)
+        t0 = time.monotonic()
+        first = asyncio.create_task(b.submit("k", request(0, 1), 1))
+        await asyncio.sleep(0.1)
+        second = asyncio.create_task(b.submit("k", request(1, 2), 2))
+        await asyncio.gather(first, second)
+        assert model.batches() == [[0, 1, 2]], "one batch with every row that came within T"
+        assert 0.2 <= model.calls[0].at - t0 < 0.3, "T after the oldest row, not after the newest"
+        await b.drain()
+
+    asyncio.run(main())
+
+
+def test_with_timeout_zero_a_batch_goes_as_soon_as_a_slot_is_free(
+    model: FakeModel, executor: ThreadPoolExecutor
+) -> None:
+    async def main() -> None:
+        b = start(model, executor, timeout_s=0.0, max_inflight=1)
+        assert await went_after(b, model, 0) < 0.05, "free slot: at once"
+        held = await running(b, model, 10)
+        waiting = [asyncio.create_task(b.submit("k", request(20 + i, 1), 1)) for i in range(3)]
+        await asyncio.sleep(0.1)
+        assert int(model.calls[-1].x[0, 0]) == 10, "no slot, so no batch"
+        opened = time.monotonic()
+        model.gate.set()
+        await asyncio.gather(held, *waiting)
+        assert model.batches()[-1] == [20, 21, 22]
+        assert model.calls[-1].at - opened < 0.05
+        await b.drain()
+
+    asyncio.run(main())
+
+
+# Sentence 2 ---------------------------------------------------------------------------------
+
+
+def test_auto_never_waits_while_the_model_is_idle(model: FakeModel, executor: ThreadPoolExecutor) -> None:
+    """Even after batches that took 0.3 s (an average that would allow a long wait)."""
+    timed_model(model, 0.3)
+
+    async def main() -> None:
+        b = start(model, executor)
+        await b.submit("k", request(0, 1), 1)
+        model.respond = FakeModel().respond
+        waits = [await went_after(b, model, 10 * (i + 1)) for i in range(5)]
+        assert max(waits) < 0.05, waits
+        await b.drain()
+
+    asyncio.run(main())
+
+
+def test_auto_waits_for_the_running_batch_and_takes_every_row_that_came(
+    model: FakeModel, two_threads: ThreadPoolExecutor
+) -> None:
+    """A free slot, but a batch is running: the next one waits for it to end (within its 1 s
+    average batch time), then goes at once with all three requests that came meanwhile."""
+    timed_model(model, 1.0)
+
+    async def main() -> None:
+        b = start(model, two_threads, max_inflight=2)
+        await b.submit("k", request(0, 1), 1)  # the average batch time is now 1 s
+        model.respond = FakeModel().respond
+        held = await running(b, model, 10)
+        waiting = []
+        for i in range(3):
+            waiting.append(asyncio.create_task(b.submit("k", request(20 + i, 1), 1)))
+            await asyncio.sleep(0.05)
+        assert int(model.calls[-1].x[0, 0]) == 10, "started beside the running batch"
+        opened = time.monotonic()
+        model.gate.set()
+        await asyncio.gather(held, *waiting)
+        assert model.batches()[-1] == [20, 21, 22]
+        assert model.calls[-1].at - opened < 0.05, "went when the running batch ended"
+        await b.drain()
+
+    asyncio.run(main())
+
+
+def test_auto_waits_no_longer_than_one_average_batch_time(
+    model: FakeModel, two_threads: ThreadPoolExecutor
+) -> None:
+    """Batches have taken 0.2 s; one is held far longer. The next batch starts beside it 0.2 s
+    after its oldest row arrived, with the rows that came within those 0.2 s."""
+    timed_model(model, 0.2)
+
+    async def main() -> None:
+        b = start(model, two_threads, max_inflight=2)
+        await b.submit("k", request(0, 1), 1)
+        model.respond = FakeModel().respond
+        held = await running(b, model, 10)
+        t0 = time.monotonic()
+        first = asyncio.create_task(b.submit("k", request(20, 1), 1))
+        await asyncio.sleep(0.1)
+        second = asyncio.create_task(b.submit("k", request(21, 1), 1))
+        await until(lambda: int(model.calls[-1].x[0, 0]) == 20)
+        assert 0.19 <= model.calls[-1].at - t0 < 0.35
+        assert model.batches()[-1] == [20, 21]
+        model.gate.set()
+        await asyncio.gather(held, first, second)
+        await b.drain()
+
+    asyncio.run(main())
+
+
+def test_auto_average_follows_the_recent_batches(model: FakeModel, two_threads: ThreadPoolExecutor) -> None:
+    """After many fast batches, one slow batch barely moves the average: the wait beside a held
+    batch stays short (about the fast batches' time, not the slow one's 0.5 s)."""
+
+    async def main() -> None:
+        b = start(model, two_threads, max_inflight=2)
+        timed_model(model, 0.02)
+        for i in range(10):
+            await b.submit("k", request(i, 1), 1)
+        timed_model(model, 0.5)
+        await b.submit("k", request(100, 1), 1)
+        model.respond = FakeModel().respond
+        held = await running(b, model, 200)
+        t0 = time.monotonic()
+        beside = asyncio.create_task(b.submit("k", request(300, 1), 1))
+        await until(lambda: int(model.calls[-1].x[0, 0]) == 300)
+        waited = model.calls[-1].at - t0
+        assert 0.02 <= waited < 0.2, f"waited {waited:.3f} s: one slow batch set the wait"
+        model.gate.set()
+        await asyncio.gather(held, beside)
+        await b.drain()
+
+    asyncio.run(main())
+
+
+def test_auto_with_one_slot_is_timeout_zero(model: FakeModel, executor: ThreadPoolExecutor) -> None:
+    """With one batch in flight there is never a batch running beside a free slot: the next batch
+    goes when the running one ends, as with T = 0."""
+    timed_model(model, 0.3)
+
+    async def main() -> None:
+        b = start(model, executor, max_inflight=1)
+        await b.submit("k", request(0, 1), 1)
+        model.respond = FakeModel().respond
+        held = await running(b, model, 10)
+        waiting = asyncio.create_task(b.submit("k", request(20, 1), 1))
+        await asyncio.sleep(0.05)
+        opened = time.monotonic()
+        model.gate.set()
+        await asyncio.gather(held, waiting)
+        assert model.calls[-1].at - opened < 0.05
+        await b.drain()
+
+    asyncio.run(main())
+
+
+# Sentence 3 ---------------------------------------------------------------------------------
+
+
+def test_at_most_max_inflight_batches_execute(model: FakeModel, two_threads: ThreadPoolExecutor) -> None:
+    async def main() -> None:
+        b = start(model, two_threads, timeout_s=0.0, max_inflight=2, max_batch_rows=1)
+        model.gate.clear()
+        tasks = [asyncio.create_task(b.submit("k", request(i, 1), 1)) for i in range(5)]
+        await until(lambda: len(model.calls) == 2)
+        await asyncio.sleep(0.1)
+        assert len(model.calls) == 2
+        model.gate.set()
+        await asyncio.gather(*tasks)
+        assert sorted(model.rows_seen()) == [0, 1, 2, 3, 4]
+        await b.drain()
+
+    asyncio.run(main())
+
+
+def test_beyond_max_queued_rows_a_request_is_refused(model: FakeModel, executor: ThreadPoolExecutor) -> None:
+    async def main() -> None:
+        b = start(model, executor, timeout_s=0.0, max_inflight=1, max_queued_rows=4)
+        held = await running(b, model, 0)
+        queued = asyncio.create_task(b.submit("k", request(10, 3), 3))
+        await asyncio.sleep(0.01)
+        await refused(b.submit("k", request(20, 2), 2), "queue full: 3 rows waiting, bound 4")
+        model.gate.set()
+        await asyncio.gather(held, queued)
+        await b.drain()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(("rows", "padded"), [(1, 2), (2, 2), (3, 4), (5, 8), (8, 8)])
+def test_a_batch_is_padded_to_the_next_allowed_size(
+    model: FakeModel, executor: ThreadPoolExecutor, rows: int, padded: int
+) -> None:
+    """The model sees the allowed size, the padding a copy of the batch's first row; each request
+    gets only its own rows back."""
+
+    async def main() -> None:
+        b = start(model, executor, timeout_s=0.0, max_inflight=1, max_batch_rows=8, allowed_batch_sizes=(2, 4, 8))
+        held = await running(b, model, 100)
+        parts = [request(10 * i, 1, width=3) for i in range(rows)]
+        tasks = [asyncio.create_task(b.submit("k", p, 1)) for p in parts]
+        await asyncio.sleep(0.01)
+        model.gate.set()
+        answers = await asyncio.gather(held, *tasks)
+        for part, answer in zip(parts, answers[1:], strict=True):
+            assert_answer(part, answer.outputs)
+        last: Call = model.calls[-1]
+        assert last.rows == padded
+        assert [int(v) for v in last.x[:, 0]] == [10 * i for i in range(rows)] + [0] * (padded - rows)
+        await b.drain()
+
+    asyncio.run(main())
+
+
+def test_a_request_larger_than_the_largest_size_is_split_then_padded(
+    model: FakeModel, executor: ThreadPoolExecutor
+) -> None:
+    async def main() -> None:
+        b = start(model, executor, timeout_s=0.0, max_batch_rows=4, allowed_batch_sizes=(2, 4))
+        answer = await b.submit("k", request(0, 7), 7)
+        assert_answer(request(0, 7), answer.outputs)
+        assert [c.rows for c in model.calls] == [4, 4], "4 rows, then 3 padded to 4"
+        assert model.batches()[1] == [4, 5, 6, 4]
+        await b.drain()
+
+    asyncio.run(main())
