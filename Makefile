@@ -1,5 +1,5 @@
 # Every target sets up .venv itself (re-installing when pyproject.toml changes), so a fresh
-# clone needs only python3 (3.10+) and make.
+# clone needs only python3 (3.11+, as pyproject.toml requires) and make.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python

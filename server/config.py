@@ -145,7 +145,8 @@ def _optional_port(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m server",
-        description="Serve TensorFlow SavedModels over TensorFlow Serving's gRPC API (Predict, ModelService).",
+        description="Serve TensorFlow SavedModels over TensorFlow Serving's gRPC and REST APIs and the Open Inference "
+                    "Protocol v2 (gRPC and REST).",
         epilog=f"Each flag may also be set as an environment variable {ENV_PREFIX}<FLAG_NAME>, "
         f"e.g. {ENV_PREFIX}MAX_BATCH_SIZE=64.",
     )

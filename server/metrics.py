@@ -21,8 +21,8 @@ LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0, 300.0)
 
 REQUESTS = Counter(
     "mirrorserve_requests_total",
-    "RPCs answered, by protocol (tfserving, v2), model, version (empty when none was resolved), method "
-    "and gRPC status code.",
+    "RPCs answered, by protocol (tfserving, v2, tfserving-rest, v2-rest), model, version (empty when none was "
+    "resolved), method and gRPC status code.",
     ["protocol", "model", "version", "method", "code"],
 )
 REQUEST_SECONDS = Histogram(
