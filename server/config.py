@@ -45,8 +45,10 @@ class Settings:
     server.core.batching_policy for the three rules)."""
     max_inflight_batches: int
     """Batches executing at once (TF Serving's num_batch_threads); while they run, the next batch
-    keeps filling. Default 2: a compute-bound model's second batch uses the core TensorFlow leaves
-    idle while the first waits on its slowest thread."""
+    keeps filling. Default 1: TensorFlow already spreads one batch over every core, so on a CPU a
+    second batch beside it competes for the same cores, and handing it to another thread of the
+    model worker costs a wake-up per batch (measured in docs/performance.md). A GPU, whose host
+    side can prepare the next batch while one computes, may gain from 2."""
     allowed_batch_sizes: tuple[int, ...]
     """Sizes a batch is padded up to (TF Serving's allowed_batch_sizes); empty: no padding."""
     batching_parameters_file: str | None
@@ -175,9 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-timeout-ms", type=_timeout_ms, default=None, metavar="MS|auto",
                    help="longest wait for more rows after a batch's oldest row is queued; 0 = never wait; "
                         "auto (default) = only while another batch executes, at most one average batch time")
-    p.add_argument("--max-inflight-batches", type=_positive_int, default=2,
+    p.add_argument("--max-inflight-batches", type=_positive_int, default=1,
                    help="batches executing at once, each on its own warmed-up thread of the model worker "
-                        "(TF Serving's num_batch_threads; default 2)")
+                        "(TF Serving's num_batch_threads; default 1)")
     p.add_argument("--allowed-batch-sizes", type=_batch_sizes, default=(), metavar="N,N,...",
                    help="pad each batch up to the next of these sizes (increasing, the last equal to "
                         "--max-batch-size), so the model only sees them; default: no padding")

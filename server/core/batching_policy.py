@@ -7,7 +7,8 @@ The policy, in three sentences (the batcher keeps them; the README says them to 
    and with T = 0 as soon as a batch slot is free.
 2. With the default timeout, `auto`, a batch never waits while the model is idle; while another
    batch executes it waits for that one to end, but no longer than one average batch time after
-   its oldest row arrived, and takes every row that came meanwhile.
+   its oldest row arrived, and takes every row that came meanwhile. (With the default of one batch
+   in flight, that is: a batch goes when the model is free, with every row queued by then.)
 3. At most `max_inflight_batches` batches execute at once (TF Serving's `num_batch_threads`,
    Triton's instance count), at most `max_queued_rows` rows wait (beyond it: RESOURCE_EXHAUSTED),
    and with `allowed_batch_sizes` a batch is padded up to the next allowed size by repeating its
@@ -16,6 +17,8 @@ The policy, in three sentences (the batcher keeps them; the README says them to 
 Why `auto` waits only beside a running batch: when the model is idle, any wait is pure delay; when
 it is busy, a second batch started beside the first shares the same cores, and waiting for the
 first to end costs at most what that batch costs while it gathers the rows that arrive meanwhile.
+Its two constants, AUTO_WAIT_BATCHES and SMOOTHING, are about batch times in general, not about
+any one model.
 
 Where the values come from, later over earlier, field by field: the flags; TF Serving's
 `--batching_parameters_file`; the model's own `batching_parameters` in the model config file.

@@ -230,7 +230,8 @@ class Lifecycle:
         log.info("loading model=%s version=%d path=%s batching: %s", name, version, path, policy.describe(),
                  extra=fields)
         try:
-            loaded = await self._worker.load(servable.id, name, version, path, policy.warm_up_sizes())
+            loaded = await self._worker.load(servable.id, name, version, path, policy.warm_up_sizes(),
+                                             policy.max_inflight_batches)
         except (LoadError, Unavailable) as exc:
             code = exc.code if isinstance(exc, LoadError) else UNAVAILABLE_CODE
             servable.state = State.END

@@ -101,13 +101,13 @@ class ModelProcess:
         return first
 
     async def load(self, servable: int, name: str, version: int, path: str,
-                   warm_up_sizes: tuple[int, ...]) -> Loaded:
+                   warm_up_sizes: tuple[int, ...], max_inflight: int) -> Loaded:
         """Load and warm up one version in the worker under a fresh servable id; LoadError if it fails."""
         self._check_alive()
         assert self._conn is not None
         future: asyncio.Future[Loaded] = asyncio.get_running_loop().create_future()
         self._loads[servable] = future
-        self._send(Load(servable, name, version, path, warm_up_sizes))
+        self._send(Load(servable, name, version, path, warm_up_sizes, max_inflight))
         return await future
 
     async def unload(self, servable: int) -> None:

@@ -6,8 +6,9 @@ event loop and gRPC's poller thread then wait for. Measured on the 2-core machin
 thread calling the MLP in a loop took 28-40% of a fixed-response grpc.aio server's throughput; the
 same loop in a separate process took 14-21% (what its CPU use costs, and no more). Here the server
 process keeps gRPC, parsing, batching and the model lifecycle; this process holds every loaded
-model version (servable) under one strategy, and runs batches as they arrive, up to
---max-inflight-batches (default 2) at once, whichever servables they are for.
+model version (servable) under one strategy, and runs batches as they arrive, as many at once as
+the largest max-inflight-batches of the servables it holds (default 1), whichever servables they
+are for.
 
 Loads and unloads run on a thread of their own, so batches of the versions already serving keep
 running while a new version loads and warms up. Unloading drops the servable's functions and
@@ -78,16 +79,17 @@ def run(conn: Connection, settings: Settings) -> None:
     try:
         strategy, devices = _start(settings)
         demo = _demo_base_path(settings)
-        # One thread per batch in flight; a model configured for more shares them.
+        # One thread per batch in flight; a model configured for more adds threads when it loads.
         threads = batching_policy.server_policy(settings).max_inflight_batches
     except Exception as exc:
         log.debug("start-up failed", exc_info=True)
         conn.send(StartFailed(type(exc).__name__, str(exc)))
         return
     send_lock = threading.Lock()
-    servables = _Servables(conn, send_lock, strategy)
     slots: dict[int, mmap.mmap] = {}
-    batches = _Batches(conn, send_lock, servables, slots, threads)
+    loaded: dict[int, _Servable] = {}
+    batches = _Batches(conn, send_lock, slots, loaded, threads)
+    servables = _Servables(conn, send_lock, strategy, batches, loaded)
     gc.collect()
     gc.freeze()  # as in the server: no full collection over TensorFlow's objects mid-batch
     conn.send(Started(devices, demo))
@@ -137,16 +139,16 @@ class _Servable:
 class _Servables:
     """The loaded servables, and the thread that loads and unloads them one at a time."""
 
-    def __init__(self, conn: Connection, send_lock: threading.Lock, strategy: tf.distribute.Strategy) -> None:
+    def __init__(self, conn: Connection, send_lock: threading.Lock, strategy: tf.distribute.Strategy,
+                 batches: _Batches, loaded: dict[int, _Servable]) -> None:
         self._conn = conn
         self._send_lock = send_lock
         self._strategy = strategy
-        self._loaded: dict[int, _Servable] = {}
+        self._batches = batches
+        self._loaded = loaded
+        """Servable id -> its runners, shared with the batches that run them."""
         self._jobs: queue.SimpleQueue[Load | Unload] = queue.SimpleQueue()
         threading.Thread(target=self._work, name="loader", daemon=True).start()
-
-    def get(self, servable: int) -> _Servable | None:
-        return self._loaded.get(servable)
 
     def submit(self, message: Load | Unload) -> None:
         self._jobs.put(message)
@@ -168,6 +170,7 @@ class _Servables:
         from server.core import model, replicas
 
         started = time.perf_counter()
+        self._batches.grow(job.max_inflight)  # before Loaded: the server may then send that many at once
         try:
             loaded = model.load(job.path, job.name, job.version, self._strategy)
             info = loaded.info
@@ -222,42 +225,52 @@ def _malloc_trim() -> None:
 
 
 class _Batches:
-    """Runs batches and sends their answers. With --max-inflight-batches 1, inline on the thread
-    reading the socket. With --max-inflight-batches N > 1, on N threads, so batches the server
-    sends together run together: on a CPU, TensorFlow's thread pool leaves cores idle while one
-    call waits for its slowest shard, and a second call fills them. Each thread makes one small
-    TensorFlow call before the worker says it started, as TensorFlow sets up per-thread state on a
-    thread's first call; each servable's own warm-up (tracing, every batch size) is done by the
-    loader before the server may send it a batch."""
+    """Runs batches and sends their answers. While one batch at a time is asked for, inline on the
+    thread reading the socket (no hand-off, no wake-up). Once a servable allows N > 1 at once, on
+    N threads, so batches the server sends together run together. Each thread makes one small
+    TensorFlow call before it takes batches, as TensorFlow sets up per-thread state on a thread's
+    first call; each servable's own warm-up (tracing, every batch size) is done by the loader
+    before the server may send it a batch."""
 
-    def __init__(self, conn: Connection, send_lock: threading.Lock, servables: _Servables,
-                 slots: dict[int, mmap.mmap], threads: int) -> None:
+    def __init__(self, conn: Connection, send_lock: threading.Lock, slots: dict[int, mmap.mmap],
+                 loaded: dict[int, _Servable], threads: int) -> None:
         self._conn = conn
         self._send_lock = send_lock
-        self._servables = servables
         self._slots = slots
+        self._loaded = loaded
         self._jobs: queue.SimpleQueue[Run] | None = None
+        self._threads = 1
+        """Threads that run batches: the reader itself while _jobs is None."""
         if threads == 1:
             _first_call()
         else:
-            self._jobs = queue.SimpleQueue()
-            warmed = threading.Barrier(threads + 1)
-            for i in range(threads):
-                threading.Thread(target=self._work, args=(warmed,), name=f"batches-{i}", daemon=True).start()
-            warmed.wait()
+            self.grow(threads)
+
+    def grow(self, threads: int) -> None:
+        """Have at least `threads` batch threads (only ever called by one thread at a time)."""
+        if threads <= self._threads:
+            return
+        jobs = self._jobs if self._jobs is not None else queue.SimpleQueue()
+        new = threads if self._jobs is None else threads - self._threads
+        warmed = threading.Barrier(new + 1)
+        for _ in range(new):
+            threading.Thread(target=self._work, args=(jobs, warmed), name="batches", daemon=True).start()
+        warmed.wait()
+        self._jobs = jobs  # from here on the reader hands batches over
+        self._threads = threads
 
     def submit(self, message: Run) -> None:
-        if self._jobs is None:
+        jobs = self._jobs
+        if jobs is None:
             self._answer(message)
         else:
-            self._jobs.put(message)
+            jobs.put(message)
 
-    def _work(self, warmed: threading.Barrier) -> None:
+    def _work(self, jobs: queue.SimpleQueue[Run], warmed: threading.Barrier) -> None:
         _first_call()
         warmed.wait()
-        assert self._jobs is not None
         while True:
-            self._answer(self._jobs.get())
+            self._answer(jobs.get())
 
     def _answer(self, message: Run) -> None:
         result = self._run(message)
@@ -266,7 +279,7 @@ class _Batches:
 
     def _run(self, message: Run) -> Done | Failed:
         started = time.perf_counter()
-        servable = self._servables.get(message.servable)
+        servable = self._loaded.get(message.servable)
         if servable is None:
             return Failed(message.seq, f"servable {message.servable} is not loaded in the model worker")
         try:

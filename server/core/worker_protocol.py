@@ -49,6 +49,8 @@ class Load:
     path: str
     warm_up_sizes: tuple[int, ...]
     """Batch sizes to run once before serving (the model's batching policy says which)."""
+    max_inflight: int
+    """Batches of this servable the server may send at once: the worker keeps that many threads."""
 
 
 @dataclass(frozen=True)

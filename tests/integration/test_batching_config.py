@@ -1,5 +1,6 @@
 """Batching set per model, end to end: the flags, TF Serving's --batching_parameters_file over them,
-and a model's own `batching_parameters` block over both, on a real server. The batch_rows model
+and a model's own `batching_parameters` block over both, on a real server (one of whose models
+asks for two batches in flight, so the model worker adds a thread when it loads). The batch_rows model
 answers every row with the rows of the batch it ran in, so padding and splits are visible."""
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ CONFIG = """model_config_list {
       allowed_batch_sizes: 4
       allowed_batch_sizes: 8
       batch_timeout_micros { value: 300000 }
+      num_batch_threads { value: 2 }
     }
   }
 }
@@ -65,7 +67,7 @@ def rows(first: int, count: int) -> np.ndarray:
 
 def test_each_model_logs_its_own_policy(server: ServerProcess) -> None:
     log = server.log()
-    assert ("batching: max_batch_size=16 batch_timeout=0ms inflight=2 max_queued_rows=4096 allowed_batch_sizes=any"
+    assert ("batching: max_batch_size=16 batch_timeout=0ms inflight=1 max_queued_rows=4096 allowed_batch_sizes=any"
             in next(line for line in log.splitlines() if "loading model=plain" in line))
     assert ("batching: max_batch_size=8 batch_timeout=300ms inflight=2 max_queued_rows=4096 allowed_batch_sizes=4,8"
             in next(line for line in log.splitlines() if "loading model=padded" in line))

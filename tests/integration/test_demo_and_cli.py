@@ -18,7 +18,7 @@ def test_demo_server_and_cli_predict(tmp_path: Path) -> None:
     try:
         line = next(x for x in server.log().splitlines() if "serving model=" in x)
         for fragment in ("model=demo", "version=1", "signatures=serving_default", "replicas=2",
-                         "devices=/device:CPU:0,/device:CPU:1", "max_batch_size=16", "batch_timeout=auto", "inflight=2",
+                         "devices=/device:CPU:0,/device:CPU:1", "max_batch_size=16", "batch_timeout=auto", "inflight=1",
                          "max_queued_rows=4096"):
             assert fragment in line, (fragment, line)
         done = subprocess.run(

@@ -19,7 +19,7 @@ from server.core.batching_policy import (
 )
 from server.core.model_config import ConfigError, parse_config_text
 
-BASE = BatchingPolicy(max_batch_size=64, batch_timeout_s=None, max_inflight_batches=2, max_queued_rows=4096)
+BASE = BatchingPolicy(max_batch_size=64, batch_timeout_s=None, max_inflight_batches=1, max_queued_rows=4096)
 
 
 def params(text: str) -> BatchingPolicy:
@@ -46,7 +46,7 @@ def test_unset_fields_keep_the_base_and_minus_one_is_auto() -> None:
     assert params("") == BASE
     assert params("batch_timeout_micros { value: 0 }").batch_timeout_s == 0.0
     assert params("batch_timeout_micros { value: -1 }").batch_timeout_s is None
-    assert params("num_batch_threads { value: 1 }") == BatchingPolicy(64, None, 1, 4096)
+    assert params("num_batch_threads { value: 3 }") == BatchingPolicy(64, None, 3, 4096)
 
 
 def test_a_source_that_sets_one_size_field_sets_both() -> None:
@@ -101,7 +101,7 @@ def test_a_model_block_overrides_the_server_policy() -> None:
         "  batching_parameters { max_batch_size { value: 8 } batch_timeout_micros { value: 2000 } } } }",
         "models.config")
     assert source.batching is not None
-    assert apply(BASE, source.batching) == BatchingPolicy(8, 0.002, 2, 4096)
+    assert apply(BASE, source.batching) == BatchingPolicy(8, 0.002, 1, 4096)
 
 
 def test_a_bad_model_block_is_a_config_error_naming_model_and_line() -> None:
@@ -127,7 +127,7 @@ def test_warm_up_sizes_are_the_sizes_the_model_will_see() -> None:
 
 
 def test_describe_says_every_knob() -> None:
-    assert BASE.describe() == ("max_batch_size=64 batch_timeout=auto inflight=2 max_queued_rows=4096 "
+    assert BASE.describe() == ("max_batch_size=64 batch_timeout=auto inflight=1 max_queued_rows=4096 "
                                "allowed_batch_sizes=any")
     assert BatchingPolicy(8, 0.0005, 1, 10, (4, 8)).describe() == (
         "max_batch_size=8 batch_timeout=0.5ms inflight=1 max_queued_rows=10 allowed_batch_sizes=4,8")

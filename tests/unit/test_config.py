@@ -22,7 +22,7 @@ def test_defaults_without_base_path() -> None:
     assert s.max_batch_size == 64
     assert s.batch_timeout_ms is None, "auto"
     assert s.batch_timeout_s is None
-    assert (s.max_inflight_batches, s.allowed_batch_sizes, s.batching_parameters_file) == (2, (), None)
+    assert (s.max_inflight_batches, s.allowed_batch_sizes, s.batching_parameters_file) == (1, (), None)
     assert s.max_queued_rows == 4096
     assert (s.rest_api_port, s.metrics_port) == (8501, -1), "metrics live on the REST port unless asked apart"
     assert s.max_message_bytes == 64 * 1024 * 1024
@@ -228,7 +228,7 @@ def test_performance_settings() -> None:
 
 def test_defaults_run_two_batches_at_once_on_uvloop() -> None:
     s = parse()
-    assert (s.max_inflight_batches, s.event_loop) == (2, "uvloop")
+    assert (s.max_inflight_batches, s.event_loop) == (1, "uvloop")
 
 
 def test_unknown_event_loop_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
