@@ -1,13 +1,16 @@
 """The in-process ceiling: the SavedModel called directly, no server, at several batch sizes.
 
 usage: python -m bench.inprocess MODEL_BASE INPUT.npy RESPONSE_OUT SECONDS BATCH [BATCH ...]
-Prints one JSON object: rows/s per batch size. Also writes the PredictResponse a server would
-send for INPUT.npy, for the fixed-response server to replay.
+Prints one JSON object: {"rows_per_s": {BATCH: rows/s, ...}, "one_row_ms": M}, where M is the
+median wall time of single 1-row calls, each timed on its own (outputs converted to numpy, as a
+server must). Also writes the PredictResponse a server would send for INPUT.npy, for the
+fixed-response server to replay.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -17,6 +20,9 @@ import tensorflow as tf
 
 from protos.tensorflow_serving import predict_pb2
 from server.codec import to_tensor_proto
+
+ONE_ROW_CALLS = (20, 2000)
+"""Fewest and most single 1-row calls timed (within SECONDS otherwise)."""
 
 
 def main() -> None:
@@ -44,7 +50,15 @@ def main() -> None:
             {k: v.numpy() for k, v in signature(**{name: x}).items()}
             calls += 1
         rows_per_s[batch] = calls * batch / (time.perf_counter() - started)
-    print(json.dumps(rows_per_s))
+
+    fewest, most = ONE_ROW_CALLS
+    one_row: list[float] = []
+    started = time.perf_counter()
+    while len(one_row) < most and (len(one_row) < fewest or time.perf_counter() - started < seconds):
+        call_started = time.perf_counter()
+        {k: v.numpy() for k, v in signature(**{name: row}).items()}
+        one_row.append(time.perf_counter() - call_started)
+    print(json.dumps({"rows_per_s": rows_per_s, "one_row_ms": statistics.median(one_row) * 1e3}))
 
 
 if __name__ == "__main__":

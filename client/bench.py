@@ -101,6 +101,9 @@ class BenchResult:
     """Same, for the watched server processes themselves (None when none were given)..."""
     server_children_cpu_us: float | None = None
     """...and for their children (this server's model worker)."""
+    offered: int | None = None
+    """Open loop: requests scheduled inside the measured window. Those still unanswered at its end are
+    in none of the other figures: `offered - requests` well above 0 means the server fell behind."""
 
 
 def _percentile(ordered: Sequence[float], q: float) -> float:
@@ -110,7 +113,8 @@ def _percentile(ordered: Sequence[float], q: float) -> float:
 
 
 def summarize(mode: str, concurrency: int, rate: float, rows: int, seconds: float,
-              samples: list[tuple[float, str]], cpu: CpuWindow | None = None) -> BenchResult:
+              samples: list[tuple[float, str]], cpu: CpuWindow | None = None,
+              offered: int | None = None) -> BenchResult:
     """samples: (latency in seconds, status code name) of calls completed in the window;
     cpu: what the processes used over that window, shared out over those calls."""
     codes = Counter(code for _, code in samples)
@@ -127,7 +131,7 @@ def summarize(mode: str, concurrency: int, rate: float, rows: int, seconds: floa
         p999_ms=_percentile(ms, 0.999), max_ms=ms[-1] if ms else float("nan"),
         client_cpu_us=per_request(cpu.own_s if cpu else None),
         server_cpu_us=per_request(cpu.watched_s if cpu else None),
-        server_children_cpu_us=per_request(cpu.children_s if cpu else None),
+        server_children_cpu_us=per_request(cpu.children_s if cpu else None), offered=offered,
     )
 
 
@@ -180,6 +184,7 @@ async def open_loop(connect: Connect, rate: float, warmup_s: float, seconds: flo
         end = start + seconds
         cpu = _open_cpu_window(cpu_of, warmup_s)
         tasks: set[asyncio.Task[None]] = set()
+        offered = 0
 
         async def one(scheduled: float) -> None:
             code = await send()
@@ -195,13 +200,15 @@ async def open_loop(connect: Connect, rate: float, warmup_s: float, seconds: flo
             delay = scheduled - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if scheduled >= start:
+                offered += 1
             task = asyncio.create_task(one(scheduled))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         if tasks:
             await asyncio.wait(tasks)
         await _close_cpu_window(cpu, end)
-    return summarize("open", 0, rate, rows, seconds, samples, cpu)
+    return summarize("open", 0, rate, rows, seconds, samples, cpu, offered)
 
 
 def table(results: Sequence[BenchResult]) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -135,6 +136,29 @@ def predict(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    results = bench_runs(args)
+    if isinstance(results, int):
+        return results
+    print(bench.table(results))
+    print(bench.to_json(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(bench.to_json(results))
+    return 0
+
+
+def bench_results(argv: Sequence[str]) -> list[dict[str, Any]]:
+    """`python -m client bench ARGV` in this process, its results as the dicts its JSON line holds:
+    a harness that runs many measurements pays this process's start-up (TensorFlow's protos) once."""
+    args = build_parser().parse_args(["bench", *argv])
+    results = bench_runs(args)
+    if isinstance(results, int):
+        raise RuntimeError(f"client bench {' '.join(argv)} failed (exit code {results})")
+    return [dataclasses.asdict(r) for r in results]
+
+
+def bench_runs(args: argparse.Namespace) -> list[bench.BenchResult] | int:
+    """The measurements `client bench` asks for, or the exit code of a failure before them."""
     if args.no_metadata:
         inputs: dict[str, np.ndarray] | None = dict(args.input)
     else:
@@ -166,12 +190,7 @@ def run_bench(args: argparse.Namespace) -> int:
         results.append(asyncio.run(bench.open_loop(connect, rate, args.warmup_s, args.seconds, args.rows,
                                                    cpu_of=args.cpu_of)))
         print(bench.table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
-    print(bench.table(results))
-    print(bench.to_json(results))
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(bench.to_json(results))
-    return 0
+    return results
 
 
 def main(argv: Sequence[str] | None = None) -> int:
