@@ -24,6 +24,7 @@ The batcher owns time and futures; row offsets live in `assembly`.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Mapping
@@ -175,6 +176,17 @@ class Batcher:
         """Moving average of a batch's execution time (the first batch's own, until there are more);
         0 until a batch has been timed, so nothing waits before then."""
         self._timed = False
+        self._row_gap = math.inf
+        """Moving average of the seconds between arriving rows (1 / the arrival rate); the first gap
+        measured, until there are more."""
+        self._last_arrival: float | None = None
+        self._executing_rows = 0
+        self._present = 0
+        """The most rows present at once (queued or executing) since the last batch was taken..."""
+        self._last_present = 0
+        """...and the same over the cycle before it: the rows that ended a wait then."""
+        self._free_since = 0.0
+        """When the last executing batch ended (the model has been free since, if none executes)."""
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -213,6 +225,7 @@ class Batcher:
         self._queues.setdefault(key, deque()).append(request)
         self._queued_requests += 1
         self._add_rows(key, rows)
+        self._arrived(now, rows)
         expiry = None
         if deadline is not None:
             expiry = asyncio.get_running_loop().call_later(deadline - now, self._expire, request)
@@ -234,6 +247,14 @@ class Batcher:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+
+    def _arrived(self, now: float, rows: int) -> None:
+        """Measure the arrival rate (as the average gap between rows) and the rows present at once."""
+        if self._last_arrival is not None:
+            gap = (now - self._last_arrival) / rows
+            self._row_gap = gap if math.isinf(self._row_gap) else self._row_gap + SMOOTHING * (gap - self._row_gap)
+        self._last_arrival = now
+        self._present = max(self._present, self._queued_rows + self._executing_rows)
 
     def _add_rows(self, key: Hashable, rows: int) -> None:
         self._queued_rows += rows
@@ -279,20 +300,28 @@ class Batcher:
             except BaseException:
                 self._slots.release()
                 raise
+            rows = sum(s.rows for s in slices)
             self._executing += 1
-            task = asyncio.get_running_loop().create_task(self._execute(key, slices))
+            self._executing_rows += rows
+            self._last_present, self._present = self._present, self._queued_rows + self._executing_rows
+            task = asyncio.get_running_loop().create_task(self._execute(key, slices, rows))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
 
-    def _dispatch_at(self, first: _Request) -> float:
+    def _dispatch_at(self, key: Hashable, first: _Request) -> float:
         """When the batch that `first` heads goes, unless it fills up before (rules 1 and 2 of
-        server.core.batching_policy)."""
+        server.core.batching_policy). Every arrival and every batch's end wakes the loop, which
+        asks again."""
         if self._timeout_s is not None:
             return first.enqueued_at + self._timeout_s
-        if self._executing == 0:
-            return first.enqueued_at  # the model is idle: waiting is pure delay
-        # Beside a running batch: until it ends (its end wakes the loop), at most this long.
-        return first.enqueued_at + AUTO_WAIT_BATCHES * self._batch_seconds
+        wait = AUTO_WAIT_BATCHES * self._batch_seconds
+        if self._executing:
+            # Beside a running batch: until it ends, at most one batch time.
+            return first.enqueued_at + wait
+        if self._row_gap >= self._batch_seconds or self._key_rows.get(key, 0) >= self._last_present:
+            # Under one more row expected within a batch time, or every row lately present is here.
+            return first.enqueued_at
+        return max(first.enqueued_at, self._free_since) + wait
 
     def _oldest_key(self) -> tuple[Hashable, _Request] | None:
         """The key whose head request has waited longest, sweeping dead heads."""
@@ -325,7 +354,7 @@ class Batcher:
                 if full is not None:
                     key = full  # a full batch goes at once, even while an older one is filling
                     break
-                remaining = self._dispatch_at(first) - self._clock()
+                remaining = self._dispatch_at(key, first) - self._clock()
                 if remaining <= 0:
                     break
                 self._wakeup.clear()
@@ -362,7 +391,7 @@ class Batcher:
             del self._key_rows[key]
         return slices
 
-    async def _execute(self, key: Hashable, slices: list[_Slice]) -> None:
+    async def _execute(self, key: Hashable, slices: list[_Slice], rows: int) -> None:
         try:
             now = self._clock()
             # Last look before compute: a request cancelled or expired since it was taken is
@@ -373,6 +402,9 @@ class Batcher:
             await self._run_isolating(key, [s for s in slices if not s.request.future.done()])
         finally:
             self._executing -= 1
+            self._executing_rows -= rows
+            if not self._executing:
+                self._free_since = self._clock()
             self._slots.release()
             self._wakeup.set()  # a batch waiting only while this one ran may go now
 

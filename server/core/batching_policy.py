@@ -5,20 +5,26 @@ The policy, in three sentences (the batcher keeps them; the README says them to 
 1. A batch goes as soon as it holds `max_batch_size` rows; otherwise, with a batch timeout T, once
    its oldest row has waited T (TF Serving's `batch_timeout_micros`, Triton's max queue delay),
    and with T = 0 as soon as a batch slot is free.
-2. With the default timeout, `auto`, a batch never waits while the model is idle; while another
-   batch executes it waits for that one to end, but no longer than one average batch time after
-   its oldest row arrived, and takes every row that came meanwhile. (With the default of one batch
-   in flight, that is: a batch goes when the model is free, with every row queued by then.)
+2. With the default timeout, `auto`, a batch that finds the model free goes at once unless more
+   than one row is expected within one average batch time (the measured arrival rate times the
+   measured batch time); then it waits at most one average batch time, and goes as soon as it
+   holds as many rows as were present at once during the previous batch. A batch beside a running
+   one (with more than one in flight) waits for that one to end, at most one average batch time
+   after its oldest row arrived.
 3. At most `max_inflight_batches` batches execute at once (TF Serving's `num_batch_threads`,
    Triton's instance count), at most `max_queued_rows` rows wait (beyond it: RESOURCE_EXHAUSTED),
    and with `allowed_batch_sizes` a batch is padded up to the next allowed size by repeating its
    first row, the padding's outputs dropped.
 
-Why `auto` waits only beside a running batch: when the model is idle, any wait is pure delay; when
-it is busy, a second batch started beside the first shares the same cores, and waiting for the
-first to end costs at most what that batch costs while it gathers the rows that arrive meanwhile.
-Its two constants, AUTO_WAIT_BATCHES and SMOOTHING, are about batch times in general, not about
-any one model.
+Why `auto` waits as it does: every batch has a fixed cost (a hand-off to the model worker, a call
+into TensorFlow) that more rows share. When fewer than one more row can come while a batch runs,
+waiting only delays the rows present. When rows come faster, waiting one batch time at most
+gathers about as many rows as running a batch would have, and costs at most what a batch costs.
+And once as many rows are queued as were present at once during the previous batch, every caller
+of a closed loop (each waiting for its answer before it sends again) is in, and no row can come
+before this batch answers some. Its two constants, AUTO_WAIT_BATCHES (the longest wait, in batch
+times) and SMOOTHING (how fast the averages follow), are about batch times and arrivals in
+general, not about any one model.
 
 Where the values come from, later over earlier, field by field: the flags; TF Serving's
 `--batching_parameters_file`; the model's own `batching_parameters` in the model config file.

@@ -3,9 +3,10 @@ real Batcher with a fake model whose batches the test opens and closes:
 
 1. A batch goes once it holds max_batch_size rows; otherwise, with a timeout T, once its oldest
    row waited T, and with T = 0 as soon as a batch slot is free.
-2. With `auto`, a batch never waits while the model is idle; while another batch executes it
-   waits for that one to end, but no longer than one average batch time after its oldest row
-   arrived, and takes every row that came meanwhile.
+2. With `auto`, a batch that finds the model free goes at once unless more than one row is
+   expected within one average batch time; then it waits at most one batch time, and goes once as
+   many rows are queued as were present at once during the previous batch. Beside a running batch
+   it waits for that one to end, at most one average batch time after its oldest row.
 3. At most max_inflight batches execute at once, at most max_queued_rows rows wait (beyond:
    Overloaded), and with allowed_batch_sizes a batch is padded to the next allowed size.
 """
@@ -123,8 +124,8 @@ def test_with_timeout_zero_a_batch_goes_as_soon_as_a_slot_is_free(
 # Sentence 2 ---------------------------------------------------------------------------------
 
 
-def test_auto_never_waits_while_the_model_is_idle(model: FakeModel, executor: ThreadPoolExecutor) -> None:
-    """Even after batches that took 0.3 s (an average that would allow a long wait)."""
+def test_auto_never_waits_for_a_lone_caller(model: FakeModel, executor: ThreadPoolExecutor) -> None:
+    """One caller at a time, even after batches that took 0.3 s: it is the only row present."""
     timed_model(model, 0.3)
 
     async def main() -> None:
@@ -133,6 +134,80 @@ def test_auto_never_waits_while_the_model_is_idle(model: FakeModel, executor: Th
         model.respond = FakeModel().respond
         waits = [await went_after(b, model, 10 * (i + 1)) for i in range(5)]
         assert max(waits) < 0.05, waits
+        await b.drain()
+
+    asyncio.run(main())
+
+
+async def feed(b: Batcher, gap_s: float, count: int) -> None:
+    """An open loop: `count` 1-row requests, one every gap_s, none waiting for an answer."""
+    tasks = []
+    for i in range(count):
+        tasks.append(asyncio.create_task(b.submit("k", request(1000 + i, 1), 1)))
+        await asyncio.sleep(gap_s)
+    await asyncio.gather(*tasks)
+
+
+def idle_gaps(model: FakeModel, batch_s: float) -> list[float]:
+    """Seconds the model stood free before each batch (from the previous batch's end)."""
+    return [later.at - (earlier.at + batch_s) for earlier, later in zip(model.calls, model.calls[1:], strict=False)]
+
+
+def test_auto_goes_at_once_while_under_one_row_comes_per_batch_time(
+    model: FakeModel, executor: ThreadPoolExecutor
+) -> None:
+    """Rows 60 ms apart, batches of 10 ms: fewer than one row is expected while a batch runs, so
+    a batch that finds the model free goes at once."""
+    timed_model(model, 0.01)
+
+    async def main() -> None:
+        b = start(model, executor)
+        await feed(b, 0.06, 8)
+        assert all(c.rows == 1 for c in model.calls)
+        late = [round((c.at - model.calls[0].at) % 0.06, 3) for c in model.calls[2:]]
+        assert all(x < 0.02 or x > 0.05 for x in late), late  # each went on arrival, not after a wait
+        await b.drain()
+
+    asyncio.run(main())
+
+
+def test_auto_waits_at_most_a_batch_time_while_rows_keep_coming(
+    model: FakeModel, executor: ThreadPoolExecutor
+) -> None:
+    """Rows 5 ms apart, batches of 60 ms: about twelve rows come per batch time, so a batch that
+    finds the model free waits for more, and never longer than one batch time."""
+    timed_model(model, 0.06)
+
+    async def main() -> None:
+        b = start(model, executor)
+        await feed(b, 0.005, 120)
+        gaps = idle_gaps(model, 0.06)[3:]
+        assert max(gaps) < 0.06 + 0.04, gaps
+        assert max(gaps) > 0.02, f"never waited for rows: {gaps}"
+        await b.drain()
+
+    asyncio.run(main())
+
+
+def test_auto_wait_ends_once_every_row_lately_present_is_queued(
+    model: FakeModel, executor: ThreadPoolExecutor
+) -> None:
+    """Four callers in a closed loop (each sends again when answered), batches of 50 ms: rows come
+    faster than one per batch time, but once all four are queued none can come before this batch
+    answers some, so it goes then instead of waiting out the batch time."""
+    timed_model(model, 0.05)
+
+    async def caller(b: Batcher, who: int) -> None:
+        for i in range(8):
+            await b.submit("k", request(100 * who + i, 1), 1)
+
+    async def main() -> None:
+        b = start(model, executor)
+        await asyncio.gather(*(caller(b, who) for who in range(4)))
+        steady = model.calls[2:]
+        assert [c.rows for c in steady] == [4] * len(steady), [c.rows for c in model.calls]
+        gaps = idle_gaps(model, 0.05)[2:]
+        assert max(gaps) < 0.025, gaps
         await b.drain()
 
     asyncio.run(main())
@@ -216,9 +291,9 @@ def test_auto_average_follows_the_recent_batches(model: FakeModel, two_threads: 
     asyncio.run(main())
 
 
-def test_auto_with_one_slot_is_timeout_zero(model: FakeModel, executor: ThreadPoolExecutor) -> None:
-    """With one batch in flight there is never a batch running beside a free slot: the next batch
-    goes when the running one ends, as with T = 0."""
+def test_auto_with_one_slot_goes_when_the_running_batch_ends(model: FakeModel, executor: ThreadPoolExecutor) -> None:
+    """One batch in flight: the request queued behind it is every row present, so it goes as soon
+    as the running batch ends."""
     timed_model(model, 0.3)
 
     async def main() -> None:
