@@ -6,8 +6,8 @@ architecture.md's examples 2-5:
   remaining budget is split: its first rows go now, the rest lead the next batch, and its outputs
   are reassembled in row order before its future resolves.
 - A full batch goes at once. Otherwise, with a timeout, once its oldest row has waited that long
-  (monotonic clock); with timeout 0 as soon as a slot is free; with None (auto) at once while no
-  batch executes, else when one ends, or one average batch time after its oldest row arrived.
+  (monotonic clock); with timeout 0 as soon as a slot is free; with None (auto) as _dispatch_at
+  says: from measured batch times, arrival gaps and rows present at once, nothing tuned.
 - With `allowed_batch_sizes`, a batch is padded up to the next allowed size (its first row
   repeated) and the padding's outputs are dropped.
 - At most `max_inflight` batches execute at once; while they run, the next batch keeps filling.
