@@ -46,11 +46,13 @@ from protos.tensorflow_serving import session_bundle_config_pb2
 from server.config import Settings
 
 AUTO_WAIT_BATCHES = 1.0
-"""Auto: the longest wait beside a running batch, in average batch times. One, because waiting for
-the running batch to end is what the wait is for; longer would only idle a free slot."""
+"""Auto: the longest wait, in average batch times. One, because a wait that costs at most what one
+more batch would cost can at worst double a row's time in the batcher (no more than running that
+batch), while a wait for a batch that is running gathers no more rows than its end brings."""
 SMOOTHING = 0.2
-"""Weight of the newest batch in the average batch time: about the last five batches count, so a
-single slow batch (a collection pause, a cold cache) does not set the next waits."""
+"""Weight of the newest figure in the averages of batch time and arrival gap: about the last five
+count, so a single slow batch (a collection pause, a cold cache) or one burst does not set the
+next waits, while a change of load shows within a few batches."""
 
 
 @dataclass(frozen=True)
