@@ -41,8 +41,8 @@ class Settings:
     """Row budget of one model execution (all replicas together)."""
     batch_timeout_ms: float | None
     """Longest wait for more rows once a batch's oldest row is queued; 0 never waits, None (auto,
-    the default) waits at most one average batch time, and only while rows come faster than one
-    per batch time (see server.core.batching_policy for the three rules)."""
+    the default) waits at most a batch's fixed cost, and only while rows come faster than one per
+    fixed cost (see server.core.batching_policy for the three rules)."""
     max_inflight_batches: int
     """Batches executing at once (TF Serving's num_batch_threads); while they run, the next batch
     keeps filling. Default 1: TensorFlow already spreads one batch over every core, so on a CPU a
@@ -176,8 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rows per model execution, across all replicas (default 64)")
     p.add_argument("--batch-timeout-ms", type=_timeout_ms, default=None, metavar="MS|auto",
                    help="longest wait for more rows after a batch's oldest row is queued; 0 = never wait; "
-                        "auto (default) = at most one average batch time, only while rows come faster than "
-                        "one per batch time")
+                        "auto (default) = at most a batch's fixed cost (its time that does not grow with "
+                        "rows), only while rows come faster than that")
     p.add_argument("--max-inflight-batches", type=_positive_int, default=1,
                    help="batches executing at once, each on its own warmed-up thread of the model worker "
                         "(TF Serving's num_batch_threads; default 1)")

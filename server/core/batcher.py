@@ -139,6 +139,38 @@ class _Slice:
         return {n: a[self.start:self.stop] for n, a in self.request.inputs.items()}
 
 
+class BatchCost:
+    """A batch's time as fixed + per_row * rows, fitted by least squares over recent batches
+    (moving averages of rows, seconds, rows² and rows·seconds, the newest weighing SMOOTHING; the
+    first batch sets them). The fixed part is what merging two batches into one saves, so it is
+    what waiting for more rows can earn. While every recent batch had the same rows, nothing
+    tells the parts apart and the whole time counts as fixed."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        """Average batch time; 0 until a batch has been timed."""
+        self._rows = 0.0
+        self._rows2 = 0.0
+        self._rows_seconds = 0.0
+        self._timed = False
+
+    def add(self, rows: int, seconds: float) -> None:
+        weight = SMOOTHING if self._timed else 1.0
+        self._timed = True
+        self.seconds += weight * (seconds - self.seconds)
+        self._rows += weight * (rows - self._rows)
+        self._rows2 += weight * (rows * rows - self._rows2)
+        self._rows_seconds += weight * (rows * seconds - self._rows_seconds)
+
+    @property
+    def fixed_seconds(self) -> float:
+        variance = self._rows2 - self._rows * self._rows
+        if variance <= 1e-9:
+            return self.seconds
+        per_row = max(0.0, (self._rows_seconds - self._rows * self.seconds) / variance)
+        return min(self.seconds, max(0.0, self.seconds - per_row * self._rows))
+
+
 class Batcher:
     def __init__(
         self,
@@ -172,10 +204,8 @@ class Batcher:
         self._inflight: set[asyncio.Task[None]] = set()
         self._executing = 0
         """Batches taken and not yet finished (the task set lags: tasks leave it by callback)."""
-        self._batch_seconds = 0.0
-        """Moving average of a batch's execution time (the first batch's own, until there are more);
-        0 until a batch has been timed, so nothing waits before then."""
-        self._timed = False
+        self._cost = BatchCost()
+        """What a batch costs: its average time, and the part of it that does not grow with rows."""
         self._row_gap = math.inf
         """Moving average of the seconds between arriving rows (1 / the arrival rate); the first gap
         measured, until there are more."""
@@ -314,14 +344,14 @@ class Batcher:
         asks again."""
         if self._timeout_s is not None:
             return first.enqueued_at + self._timeout_s
-        wait = AUTO_WAIT_BATCHES * self._batch_seconds
         if self._executing:
             # Beside a running batch: until it ends, at most one batch time.
-            return first.enqueued_at + wait
-        if self._row_gap >= self._batch_seconds or self._key_rows.get(key, 0) >= self._last_present:
-            # Under one more row expected within a batch time, or every row lately present is here.
+            return first.enqueued_at + AUTO_WAIT_BATCHES * self._cost.seconds
+        fixed = AUTO_WAIT_BATCHES * self._cost.fixed_seconds
+        if self._row_gap >= fixed or self._key_rows.get(key, 0) >= self._last_present:
+            # Under one more row expected within a batch's fixed cost, or every row lately present is here.
             return first.enqueued_at
-        return max(first.enqueued_at, self._free_since) + wait
+        return max(first.enqueued_at, self._free_since) + fixed
 
     def _oldest_key(self) -> tuple[Hashable, _Request] | None:
         """The key whose head request has waited longest, sweeping dead heads."""
@@ -438,9 +468,7 @@ class Batcher:
             if padded > rows:
                 outputs = {name: array[:rows] for name, array in outputs.items()}
             seconds = elapsed
-            weight = SMOOTHING if self._timed else 1.0
-            self._batch_seconds += weight * (elapsed - self._batch_seconds)
-            self._timed = True
+            self._cost.add(padded, elapsed)
         except Exception as exc:
             return exc
         finally:

@@ -5,21 +5,24 @@ The policy, in three sentences (the batcher keeps them; the README says them to 
 1. A batch goes as soon as it holds `max_batch_size` rows; otherwise, with a batch timeout T, once
    its oldest row has waited T (TF Serving's `batch_timeout_micros`, Triton's max queue delay),
    and with T = 0 as soon as a batch slot is free.
-2. With the default timeout, `auto`, a batch that finds the model free goes at once unless more
-   than one row is expected within one average batch time (the measured arrival rate times the
-   measured batch time); then it waits at most one average batch time, and goes as soon as it
-   holds as many rows as were present at once during the previous batch. A batch beside a running
-   one (with more than one in flight) waits for that one to end, at most one average batch time
-   after its oldest row arrived.
+2. With the default timeout, `auto`, a batch that finds the model free goes at once unless at
+   least one more row is expected within a batch's fixed cost (the measured arrival rate times the
+   part of a batch's time that does not grow with its rows, fitted from recent batches); then it
+   waits at most that fixed cost, and goes as soon as it holds as many rows as were present at
+   once during the previous batch. A batch beside a running one (with more than one in flight)
+   waits for that one to end, at most one average batch time after its oldest row arrived.
 3. At most `max_inflight_batches` batches execute at once (TF Serving's `num_batch_threads`,
    Triton's instance count), at most `max_queued_rows` rows wait (beyond it: RESOURCE_EXHAUSTED),
    and with `allowed_batch_sizes` a batch is padded up to the next allowed size by repeating its
    first row, the padding's outputs dropped.
 
 Why `auto` waits as it does: every batch has a fixed cost (a hand-off to the model worker, a call
-into TensorFlow) that more rows share. When fewer than one more row can come while a batch runs,
-waiting only delays the rows present. When rows come faster, waiting one batch time at most
-gathers about as many rows as running a batch would have, and costs at most what a batch costs.
+into TensorFlow, layers whose time does not grow with rows) that more rows share; merging rows
+into one batch saves that and nothing more. So a wait is worth it only while rows are expected
+within that fixed cost, and never longer than it: a wait of at most what it can save (the
+ski-rental bound) at worst doubles that part of a row's time. A model whose time grows with every
+row (compute-bound) has little fixed cost, so its batches do not wait for rows; they still take
+every row queued while the model was busy.
 And once as many rows are queued as were present at once during the previous batch, every caller
 of a closed loop (each waiting for its answer before it sends again) is in, and no row can come
 before this batch answers some. Its two constants, AUTO_WAIT_BATCHES (the longest wait, in batch
@@ -46,9 +49,9 @@ from protos.tensorflow_serving import session_bundle_config_pb2
 from server.config import Settings
 
 AUTO_WAIT_BATCHES = 1.0
-"""Auto: the longest wait, in average batch times. One, because a wait that costs at most what one
-more batch would cost can at worst double a row's time in the batcher (no more than running that
-batch), while a wait for a batch that is running gathers no more rows than its end brings."""
+"""Auto: the longest wait, in fixed batch costs (in average batch times beside a running batch).
+One, because waiting longer than what a merged batch can save could cost more than it earns,
+while beside a running batch, its end brings every row that a longer wait could gather."""
 SMOOTHING = 0.2
 """Weight of the newest figure in the averages of batch time and arrival gap: about the last five
 count, so a single slow batch (a collection pause, a cold cache) or one burst does not set the

@@ -3,10 +3,11 @@ real Batcher with a fake model whose batches the test opens and closes:
 
 1. A batch goes once it holds max_batch_size rows; otherwise, with a timeout T, once its oldest
    row waited T, and with T = 0 as soon as a batch slot is free.
-2. With `auto`, a batch that finds the model free goes at once unless more than one row is
-   expected within one average batch time; then it waits at most one batch time, and goes once as
-   many rows are queued as were present at once during the previous batch. Beside a running batch
-   it waits for that one to end, at most one average batch time after its oldest row.
+2. With `auto`, a batch that finds the model free goes at once unless at least one more row is
+   expected within a batch's fixed cost (the part of its time that does not grow with its rows);
+   then it waits at most that long, and goes once as many rows are queued as were present at once
+   during the previous batch. Beside a running batch it waits for that one to end, at most one
+   average batch time after its oldest row.
 3. At most max_inflight batches execute at once, at most max_queued_rows rows wait (beyond:
    Overloaded), and with allowed_batch_sizes a batch is padded to the next allowed size.
 """
@@ -23,7 +24,7 @@ import numpy as np
 import pytest
 from batcher_fakes import Call, FakeModel, assert_answer, on_thread, refused, request, until
 
-from server.core.batcher import Batcher
+from server.core.batcher import BatchCost, Batcher
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -184,6 +185,42 @@ def test_auto_waits_at_most_a_batch_time_while_rows_keep_coming(
         gaps = idle_gaps(model, 0.06)[3:]
         assert max(gaps) < 0.06 + 0.04, gaps
         assert max(gaps) > 0.02, f"never waited for rows: {gaps}"
+        await b.drain()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(("fixed_s", "waits"), [(0.0, False), (0.03, True)], ids=["per row", "fixed"])
+def test_auto_waits_only_when_a_batch_has_a_fixed_cost(
+    model: FakeModel, executor: ThreadPoolExecutor, fixed_s: float, waits: bool
+) -> None:
+    """Batches of 1 and 4 rows teach the batcher the model's cost: 10 ms a row, plus `fixed_s` a
+    batch. Then rows come 2 ms apart, far faster than one per batch time. With no fixed cost,
+    merging rows saves nothing and the first of them goes at once; with one, it waits for more."""
+
+    def cost(key: Any, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        time.sleep(fixed_s + 0.01 * batch["x"].shape[0])
+        return {"y": batch["x"] * 2}
+
+    model.respond = cost
+
+    async def main() -> None:
+        b = start(model, executor)
+        head = asyncio.create_task(b.submit("k", request(0, 1), 1))
+        await until(lambda: bool(model.calls))
+        await asyncio.gather(head, *(b.submit("k", request(i, 1), 1) for i in range(1, 5)))
+        assert [c.rows for c in model.calls] == [1, 4]
+        trickle = []
+        t0 = time.monotonic()
+        for i in range(6):
+            trickle.append(asyncio.create_task(b.submit("k", request(100 + i, 1), 1)))
+            await asyncio.sleep(0.002)
+        await asyncio.gather(*trickle)
+        first = next(c for c in model.calls if int(c.x[0, 0]) == 100)
+        if waits:
+            assert first.at - t0 > 0.008 and first.rows > 1, (first.at - t0, first.rows)
+        else:
+            assert first.at - t0 < 0.008 and first.rows == 1, (first.at - t0, first.rows)
         await b.drain()
 
     asyncio.run(main())
@@ -382,3 +419,31 @@ def test_a_request_larger_than_the_largest_size_is_split_then_padded(
         await b.drain()
 
     asyncio.run(main())
+
+
+# The batch cost the auto wait reads ------------------------------------------------------------
+
+
+def test_batch_cost_fits_fixed_and_per_row_parts() -> None:
+    cost = BatchCost()
+    for rows in (1, 4, 2, 8, 3, 6, 1, 5):
+        cost.add(rows, 0.001 + 0.0005 * rows)
+    assert cost.fixed_seconds == pytest.approx(0.001, rel=1e-6)
+    assert 0.001 < cost.seconds < 0.001 + 0.0005 * 8
+
+
+def test_batch_cost_is_all_fixed_while_batches_do_not_vary() -> None:
+    cost = BatchCost()
+    assert (cost.seconds, cost.fixed_seconds) == (0.0, 0.0)
+    cost.add(1, 0.004)
+    assert (cost.seconds, cost.fixed_seconds) == (0.004, 0.004)
+    cost.add(1, 0.002)
+    assert cost.seconds == pytest.approx(0.0036)
+    assert cost.fixed_seconds == cost.seconds
+
+
+def test_batch_cost_of_a_per_row_model_is_not_fixed() -> None:
+    cost = BatchCost()
+    for rows in (1, 3, 2, 5, 4):
+        cost.add(rows, 0.02 * rows)
+    assert cost.fixed_seconds == pytest.approx(0.0, abs=1e-9)
