@@ -25,8 +25,8 @@ row (compute-bound) has little fixed cost, so its batches do not wait for rows; 
 every row queued while the model was busy.
 And once as many rows are queued as were present at once during the previous batch, every caller
 of a closed loop (each waiting for its answer before it sends again) is in, and no row can come
-before this batch answers some. Its two constants, AUTO_WAIT_BATCHES (the longest wait, in batch
-times) and SMOOTHING (how fast the averages follow), are about batch times and arrivals in
+before this batch answers some. Its two constants, AUTO_WAIT_BATCHES (the longest wait, in fixed
+batch costs) and SMOOTHING (how fast the averages follow), are about batch costs and arrivals in
 general, not about any one model.
 
 Where the values come from, later over earlier, field by field: the flags; TF Serving's
