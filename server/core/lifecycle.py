@@ -41,7 +41,7 @@ from server.core.model_config import ConfigError, ModelSource, read_config_file
 from server.core.model_process import LoadError, ModelProcess
 from server.core.prediction import Predictor
 from server.core.servables import Model, Registry, Servable, State
-from server.core.signatures import BatchKey
+from server.core.signatures import BatchKey, ModelInfo
 from server.errors import Unavailable
 
 log = logging.getLogger("server.core.lifecycle")
@@ -247,6 +247,7 @@ class Lifecycle:
             self._on_change()
             return
         info = loaded.info
+        await self._warm_batch_path(servable.id, info, policy.max_inflight_batches)
         servable.signature_defs = {k: meta_graph_pb2.SignatureDef.FromString(v)
                                    for k, v in loaded.signature_defs.items()}
         servable.predictor = Predictor(info, self._batcher_for(servable, policy))
@@ -260,6 +261,22 @@ class Lifecycle:
         log.info("available model=%s version=%d signatures=%s seconds=%.2f",
                  name, version, ",".join(served), time.monotonic() - started, extra=fields)
         self._on_change()
+
+    async def _warm_batch_path(self, servable_id: int, info: ModelInfo, inflight: int) -> None:
+        """One 1-row batch of each signature, `inflight` at once, through the hand-off real batches
+        take: the worker warmed the version up on its loader thread, but a batch thread's first
+        call of a program, and the first batch's shared-memory slot, still cost set-up that must
+        not land on the first request. A model that refuses zeros is left to its real requests, as
+        in the worker's own warm-up."""
+        for name, signature in info.signatures.items():
+            if name in info.unservable:
+                continue
+            batch = signature.example(1)
+            results = await asyncio.gather(*(self._worker.run(servable_id, name, [batch]) for _ in range(inflight)),
+                                           return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    log.debug("warm-up batch of signature '%s' failed: %s", name, result)
 
     def _policy_for(self, model: Model) -> BatchingPolicy:
         """The server's batching, with the model's own config fields over it."""

@@ -15,7 +15,6 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from server.codec import dtype_enum
@@ -115,14 +114,8 @@ class SignatureRunner:
         """Run each batch size once (BatchingPolicy.warm_up_sizes), so neither tracing nor the
         kernels' first-use set-up for a new shape lands on a real request."""
         for rows in sizes:
-            batch = {}
-            for name, spec in self.signature.inputs.items():
-                assert spec.shape is not None
-                shape = (rows, *(1 if d is None else d for d in spec.shape[1:]))
-                is_string = spec.dtype.kind == "O"
-                batch[name] = np.full(shape, b"", dtype=object) if is_string else np.zeros(shape, spec.dtype)
             try:
-                self(batch)
+                self(self.signature.example(rows))
             except Exception:
                 # Tracing happened even if the model rejects zeros; real requests will tell.
                 log.warning("warm-up of signature '%s' on %d rows of zeros failed", self.signature.name, rows,

@@ -131,4 +131,7 @@ def test_no_trace_after_serving_and_fast_first_request(model_dirs: dict[str, Pat
           f"{statistics.median(steady) * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms; traces {traces_at_start:.0f} -> "
           f"{traces_after:.0f}")
     assert traces_at_start == traces_after == 1
-    assert first <= p99
+    # A trace or a lazy load costs tens of ms. The first request also runs the front-end's Python
+    # for the first time (0.3-1 ms here: 1.2-1.8 times the steady median), which a tight p99 on a
+    # quiet machine can fall below.
+    assert first <= max(p99, 2 * statistics.median(steady))
