@@ -198,8 +198,7 @@ async def serve(settings: Settings) -> int:
     if sources is None:
         assert started.demo_base_path is not None
         sources = model_config.shorthand(started.demo_base_path, settings.model_name)
-    lifecycle = Lifecycle(settings, worker, registry, len(started.devices), on_change=models_changed,
-                          batching=batching)
+    lifecycle = Lifecycle(settings, worker, registry, len(started.devices), batching, on_change=models_changed)
     tasks.append(loop.create_task(lifecycle.poll_versions(), name="poll-versions"))
     problems = await lifecycle.apply(sources)
     if problems:

@@ -85,9 +85,9 @@ def check_base_paths(sources: Sequence[ModelSource]) -> None:
 
 class Lifecycle:
     def __init__(self, settings: Settings, worker: ModelProcess, registry: Registry, devices: int,
-                 *, on_change: Callable[[], None] = lambda: None, batching: BatchingPolicy | None = None) -> None:
+                 batching: BatchingPolicy, *, on_change: Callable[[], None] = lambda: None) -> None:
         self._settings = settings
-        self._batching = batching_policy.server_policy(settings) if batching is None else batching
+        self._batching = batching
         self._worker = worker
         self._registry = registry
         self._devices = devices

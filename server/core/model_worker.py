@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING, Any
 
 from server import logs
 from server.config import Settings
-from server.core import batching_policy
 from server.core.worker_protocol import (
     Done,
     Failed,
@@ -79,8 +78,6 @@ def run(conn: Connection, settings: Settings) -> None:
     try:
         strategy, devices = _start(settings)
         demo = _demo_base_path(settings)
-        # One thread per batch in flight; a model configured for more adds threads when it loads.
-        threads = batching_policy.server_policy(settings).max_inflight_batches
     except Exception as exc:
         log.debug("start-up failed", exc_info=True)
         conn.send(StartFailed(type(exc).__name__, str(exc)))
@@ -88,7 +85,7 @@ def run(conn: Connection, settings: Settings) -> None:
     send_lock = threading.Lock()
     slots: dict[int, mmap.mmap] = {}
     loaded: dict[int, _Servable] = {}
-    batches = _Batches(conn, send_lock, slots, loaded, threads)
+    batches = _Batches(conn, send_lock, slots, loaded)
     servables = _Servables(conn, send_lock, strategy, batches, loaded)
     gc.collect()
     gc.freeze()  # as in the server: no full collection over TensorFlow's objects mid-batch
@@ -233,18 +230,16 @@ class _Batches:
     before the server may send it a batch."""
 
     def __init__(self, conn: Connection, send_lock: threading.Lock, slots: dict[int, mmap.mmap],
-                 loaded: dict[int, _Servable], threads: int) -> None:
+                 loaded: dict[int, _Servable]) -> None:
         self._conn = conn
         self._send_lock = send_lock
         self._slots = slots
         self._loaded = loaded
         self._jobs: queue.SimpleQueue[Run] | None = None
         self._threads = 1
-        """Threads that run batches: the reader itself while _jobs is None."""
-        if threads == 1:
-            _first_call()
-        else:
-            self.grow(threads)
+        """Threads that run batches: the reader itself while _jobs is None. Each Load says how many
+        batches of its servable may run at once, and grow() adds threads before it is answered."""
+        _first_call()
 
     def grow(self, threads: int) -> None:
         """Have at least `threads` batch threads (only ever called by one thread at a time)."""
