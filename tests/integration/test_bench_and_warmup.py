@@ -76,6 +76,7 @@ def test_client_bench_open_loop(server_for, tmp_path: Path) -> None:
 
 
 PAUSE_S = 0.02
+LAZY_SET_UP_MARGIN_S = 0.010
 STEADY_REQUESTS = 150
 
 
@@ -131,7 +132,9 @@ def test_no_trace_after_serving_and_fast_first_request(model_dirs: dict[str, Pat
           f"{statistics.median(steady) * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms; traces {traces_at_start:.0f} -> "
           f"{traces_after:.0f}")
     assert traces_at_start == traces_after == 1
-    # A trace or a lazy load costs tens of ms. The first request also runs the front-end's Python
-    # for the first time (0.3-1 ms here: 1.2-1.8 times the steady median), which a tight p99 on a
-    # quiet machine can fall below.
-    assert first <= max(p99, 2 * statistics.median(steady))
+    # What warm-up saves is large: with both warm-ups removed the first request took 29.2-29.7 ms
+    # against a steady median of 2.8-3.1 ms. What remains is the front-end's first run of its
+    # Python (0.3-1 ms) and the machine's noise, which reached the first request as well as the
+    # p99 on a busy CI machine (6.4 against 5.8 ms). So the bound is the steady p99 plus a margin
+    # of a third of that saving: it passes noise and fails on the lazy set-up.
+    assert first <= p99 + LAZY_SET_UP_MARGIN_S
