@@ -51,12 +51,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = {"mlp": ("x", (1, 256)), "cnn": ("image", (1, 96, 96, 3)), "dense": ("x", (1, 512)),
@@ -71,6 +73,8 @@ SWEPT = ("off", "default", "reference")
 PROTOCOLS = {"v2": "v2", "rest": "REST"}
 """The default server's other front-ends (--protocol of client bench), measured on --protocol-models."""
 
+BATCH_ROWS = "mirrorserve_batch_rows"
+"""The server's histogram of rows per executed batch (server.metrics)."""
 GOAL_LEVEL = 64
 """The clients at which goals a and d are judged, and the sweep's capacity is measured."""
 GOAL_THROUGHPUT = 1.15
@@ -166,11 +170,31 @@ def measure(target: str, model: str, input_file: Path, opts: argparse.Namespace,
     grpc_port, _, rest_port = ports.partition(",")
     from client.cli import bench_results  # imports TensorFlow's protos: once, not once a run
 
+    before = batch_totals(host, rest_port)
     (run,) = bench_results(
         ["--target", f"{host}:{grpc_port}", "--rest-target", f"{host}:{rest_port}",
          "--model", model, "--no-metadata", "--input", f"{name}={input_file}", *load, "--protocol", protocol,
          "--warmup-s", str(opts.warmup_s), "--seconds", str(opts.seconds), *cpu_of])
+    after = batch_totals(host, rest_port)
+    if before is not None and after is not None and after[1] > before[1]:
+        run["rows_per_batch"] = (after[0] - before[0]) / (after[1] - before[1])
     return run
+
+
+def batch_totals(host: str, rest_port: str) -> tuple[float, float] | None:
+    """(rows, batches) this server has executed so far, from its Prometheus page; None for a server
+    without one (the fixed-response server, the reference). A run's rows per batch is what decides
+    how much of every process's per-request CPU is shared out over a batch."""
+    if not rest_port:
+        return None
+    with urllib.request.urlopen(f"http://{host}:{rest_port}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    totals = {f"{BATCH_ROWS}_sum": 0.0, f"{BATCH_ROWS}_count": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += sample.value
+    return totals[f"{BATCH_ROWS}_sum"], totals[f"{BATCH_ROWS}_count"]
 
 
 def in_process_ceiling(model: str, base: Path, input_file: Path, response: Path, seconds: float) -> dict[str, Any]:
@@ -340,6 +364,11 @@ def server_cpu(run: dict[str, Any]) -> str:
     return "-" if value is None else f"{value:,.0f} ({value * run['requests'] / run['seconds'] / 1e6:.2f})"
 
 
+def per_batch(run: dict[str, Any]) -> str:
+    value = run.get("rows_per_batch")
+    return "-" if value is None else f"{value:.1f}"
+
+
 def all_server_cpu(run: dict[str, Any]) -> float:
     """CPU per request of the server process and its children (the model worker), in µs."""
     return float((run.get("server_cpu_us") or 0.0) + (run.get("server_children_cpu_us") or 0.0))
@@ -372,15 +401,16 @@ def closed_loop_section(r: dict[str, Any]) -> list[str]:
     best_ceiling = ceiling.get("64") or max(ceiling.values())
     lines = ["In-process ceiling (SavedModel called directly; before the servers / after them; the ratios use "
              "the better): " + ", ".join(f"batch {b}: {before[b]:,.0f} / {after[b]:,.0f} rows/s" for b in ceiling)
-             + f"; one 1-row call: {one_before:.2f} / {one_after:.2f} ms", ""]
+             + f"; one 1-row call: {one_before:.2f} / {one_after:.2f} ms. Rows per batch: the default server's "
+             "average over the median run, its warm-up included.", ""]
     lines += table(
         ["clients", "fixed-response gRPC req/s", "batching off req/s", "default req/s", "reference req/s",
          "default / fixed", "default / off", "default / reference", "default / in-process@64", "p50 ms off",
-         "p50 ms default", "p50 ms reference", "p99 ms default", "p99 ms reference"],
+         "p50 ms default", "p50 ms reference", "p99 ms default", "p99 ms reference", "default rows per batch"],
         [[str(d["concurrency"]), rate(f), rate(o), rate(d), rate(ref), ratio(d["req_per_s"], f["req_per_s"]),
           ratio(d["req_per_s"], o["req_per_s"]), ratio(d["req_per_s"], ref["req_per_s"]),
           ratio(d["rows_per_s"], best_ceiling), f"{o['p50_ms']:.2f}", f"{d['p50_ms']:.2f}", f"{ref['p50_ms']:.2f}",
-          f"{d['p99_ms']:.2f}", f"{ref['p99_ms']:.2f}"]
+          f"{d['p99_ms']:.2f}", f"{ref['p99_ms']:.2f}", per_batch(d)]
          for f, o, d, ref in zip(r["fixed"], r["off"], r["default"], r["reference"], strict=True)])
     lines += ["", "CPU per request in µs over the measured window of the median run; in brackets, the cores "
               "the server process itself used (its Python threads share one GIL, so about 1 means saturated):", ""]

@@ -35,6 +35,9 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
         assert [r["concurrency"] for r in mlp[label]] == [1, 64]
         assert all(r["codes"] == {"OK": r["requests"]} and r["req_per_s"] > 0 for r in mlp[label]), mlp[label]
         assert all(r["client_cpu_us"] > 0 and r["server_cpu_us"] > 0 for r in mlp[label]), mlp[label]
+    # rows per batch from each of our servers' /metrics (the others have none); off batches nothing
+    assert [r["rows_per_batch"] for r in mlp["off"]] == [1.0, 1.0]
+    assert all(r["rows_per_batch"] >= 1.0 for r in mlp["default"]) and "rows_per_batch" not in mlp["fixed"][0]
     # the open-loop sweep: at half the default server's req/s at 64 clients, each server in turn
     assert mlp["capacity_clients"] == 64 and mlp["capacity_req_per_s"] == mlp["default"][1]["req_per_s"]
     (point,) = mlp["sweep"]
@@ -51,7 +54,7 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
     print(table)
     assert table.index("## Goals") < table.index("## mlp")
     assert all(f"- {key}) " in table for key in "abcd") and "worst round" in table
-    assert "| 1 |" in table and "| 64 |" in table and "| 50% |" in table
+    assert "default rows per batch" in table and "| 1 |" in table and "| 64 |" in table and "| 50% |" in table
     assert "default / fixed" in table and "default / reference" in table and "CPU per request" in table
     assert "fixed-response: load generator" in table  # the client's CPU in each server's runs
     assert "v2 / Predict CPU" in table and "REST / Predict CPU" in table
