@@ -24,6 +24,7 @@ The batcher owns time and futures; row offsets live in `assembly`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections import deque
@@ -388,11 +389,11 @@ class Batcher:
                 if remaining <= 0:
                     break
                 self._wakeup.clear()
-                try:
+                # The loop's timer runs on the loop's clock, which may be cached for a whole
+                # iteration (uvloop's is, to the millisecond): on waking, ask this clock again.
+                with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(remaining):
                         await self._wakeup.wait()
-                except TimeoutError:
-                    break
             slices = self._take(key)
             if slices:
                 return key, slices

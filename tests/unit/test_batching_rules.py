@@ -102,6 +102,27 @@ def test_with_a_timeout_a_batch_goes_once_its_oldest_row_waited_that_long(
     asyncio.run(main())
 
 
+def test_the_wait_is_measured_on_the_batchers_clock_not_the_loops(
+    model: FakeModel, executor: ThreadPoolExecutor
+) -> None:
+    """The loop's timers may fire early on the batcher's clock (uvloop keeps the loop's time to
+    the millisecond, cached for a whole iteration); the batch still waits its full T. Here the
+    batcher's clock runs at half the loop's speed, so each timer fires halfway."""
+    origin = time.monotonic()
+
+    def half_speed() -> float:
+        return origin + (time.monotonic() - origin) / 2
+
+    async def main() -> None:
+        b = start(model, executor, timeout_s=0.1, clock=half_speed)
+        t0 = time.monotonic()
+        await b.submit("k", request(0, 1), 1)
+        assert model.calls[0].at - t0 >= 0.2, "0.1 s on the batcher's clock is 0.2 s on the loop's"
+        await b.drain()
+
+    asyncio.run(main())
+
+
 def test_with_timeout_zero_a_batch_goes_as_soon_as_a_slot_is_free(
     model: FakeModel, executor: ThreadPoolExecutor
 ) -> None:
