@@ -129,6 +129,11 @@ def apply(base: BatchingPolicy, params: session_bundle_config_pb2.BatchingParame
         else:
             changes["max_batch_size"] = sizes[-1]
         changes["allowed_batch_sizes"] = sizes
+    elif params.HasField("max_execution_batch_size"):
+        # Alone, it is the largest batch that executes: this server's max_batch_size (a larger
+        # request is split, as TF Serving does with enable_large_batch_splitting).
+        changes["max_batch_size"] = params.max_execution_batch_size.value
+        changes["allowed_batch_sizes"] = ()
     top = int(changes.get("max_batch_size", base.max_batch_size))  # type: ignore[call-overload]
     if params.HasField("max_execution_batch_size") and params.max_execution_batch_size.value != top:
         raise ValueError(f"max_execution_batch_size {params.max_execution_batch_size.value} differs from "

@@ -17,7 +17,7 @@ from server.core.batching_policy import (
     read_batching_parameters_file,
     server_policy,
 )
-from server.core.model_config import ConfigError, parse_config_text
+from server.core.model_config import CHECK_BASE, ConfigError, parse_config_text
 
 BASE = BatchingPolicy(max_batch_size=64, batch_timeout_s=None, max_inflight_batches=1, max_queued_rows=4096)
 
@@ -55,6 +55,17 @@ def test_a_source_that_sets_one_size_field_sets_both() -> None:
     assert apply(base, parse_batching_parameters("max_batch_size { value: 8 }", "f")) == BatchingPolicy(8, None, 2, 100)
     assert apply(base, parse_batching_parameters("allowed_batch_sizes: 2 allowed_batch_sizes: 6", "f")) == \
         BatchingPolicy(6, None, 2, 100, (2, 6))
+
+
+
+def test_max_execution_batch_size_alone_is_the_largest_batch() -> None:
+    """A block that sets only max_execution_batch_size is not checked against a maximum it does
+    not set (it was refused at parse time, against a placeholder of 1)."""
+    base = BatchingPolicy(16, None, 2, 100, allowed_batch_sizes=(4, 16))
+    assert apply(base, parse_batching_parameters("max_execution_batch_size { value: 8 }", "f")) == \
+        BatchingPolicy(8, None, 2, 100)
+    assert apply(CHECK_BASE, parse_batching_parameters("max_execution_batch_size { value: 8 }", "f")) == \
+        BatchingPolicy(8, None, 1, 1)
 
 
 @pytest.mark.parametrize(("text", "message"), [
