@@ -57,7 +57,6 @@ def test_a_source_that_sets_one_size_field_sets_both() -> None:
         BatchingPolicy(6, None, 2, 100, (2, 6))
 
 
-
 def test_max_execution_batch_size_alone_is_the_largest_batch() -> None:
     """A block that sets only max_execution_batch_size is not checked against a maximum it does
     not set (it was refused at parse time, against a placeholder of 1)."""
