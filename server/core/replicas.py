@@ -7,6 +7,15 @@ and `strategy.experimental_local_results` hands back a tuple with one result per
 case (never the `.values`-only-when-several-replicas trap). The outer function has an input
 signature with an unknown batch dimension, so it is traced once per signature, not once per
 combination of chunk sizes.
+
+With one replica on a CPU, the program runs on TensorFlow's single-threaded executor: its ops run
+one after another on the thread that calls it, instead of each being handed to the inter-op
+threads and its result handed back (kernels still split their own work over the intra-op
+threads). A small batch then pays no wake-up of another thread per op, and a big one loses
+nothing (docs/performance.md has the figures). That executor refuses some graphs (old-style
+control flow, asynchronous kernels), so a program falls back to the default executor when its
+first warm-up call fails on the single-threaded one. With several replicas the default executor
+runs them side by side, so it stays.
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ from server.core.signatures import Signature
 from server.errors import ModelFailure
 
 log = logging.getLogger(__name__)
+SINGLE_THREADED = "SINGLE_THREADED_EXECUTOR"
+DEFAULT_EXECUTOR = ""
 # TensorFlow's logger prints through a handler of its own; let records reach ours instead.
 tf.get_logger().handlers.clear()
 
@@ -82,17 +93,28 @@ class SignatureRunner:
         def per_replica(chunk: dict[str, tf.Tensor]) -> Any:
             return function(**chunk)
 
-        @tf.function(input_signature=[[specs] * self.replicas])
-        def run_all(chunks: list[dict[str, tf.Tensor]]) -> Any:
-            on_trace()  # Python side effect: runs only while tracing
-            distributed = strategy.experimental_distribute_values_from_function(
-                lambda ctx: chunks[ctx.replica_id_in_sync_group]
-            )
-            return strategy.experimental_local_results(strategy.run(per_replica, args=(distributed,)))
+        def trace(executor: str) -> Any:
+            """The program, traced for `executor`: the calls nested in it take the executor type
+            in force while tracing. Calling the traced program directly skips tf.function's
+            per-call dispatch (about 0.3 ms a batch here); the input signature makes this the
+            only program there will be for that executor."""
 
-        # Calling the traced program directly skips tf.function's per-call dispatch (about 0.3 ms
-        # a batch here); the input signature makes this the only program there will ever be.
-        self._run_all = run_all.get_concrete_function()
+            @tf.function(input_signature=[[specs] * self.replicas])
+            def run_all(chunks: list[dict[str, tf.Tensor]]) -> Any:
+                on_trace()  # Python side effect: runs only while tracing
+                distributed = strategy.experimental_distribute_values_from_function(
+                    lambda ctx: chunks[ctx.replica_id_in_sync_group]
+                )
+                return strategy.experimental_local_results(strategy.run(per_replica, args=(distributed,)))
+
+            with tf.experimental.function_executor_type(executor):
+                return run_all.get_concrete_function()
+
+        self._trace = trace
+        devices = strategy.extended.worker_devices
+        self.executor = SINGLE_THREADED if len(devices) == 1 and "CPU" in devices[0].upper() else DEFAULT_EXECUTOR
+        """The executor type the program runs on; the default one if the single-threaded one refused it."""
+        self._run_all = trace(self.executor)
 
     def __call__(self, batch: Tensors) -> Tensors:
         """Run one batch (blocking); outputs have the batch's rows in the same order."""
@@ -100,7 +122,8 @@ class SignatureRunner:
         bounds = replica_bounds(rows, self.replicas)
         chunks = [{name: array[lo:hi] for name, array in batch.items()} for lo, hi in bounds]
         try:
-            results = self._run_all(chunks)
+            with tf.experimental.function_executor_type(self.executor):
+                results = self._run_all(chunks)
         except tf.errors.OpError as exc:
             raise ModelFailure(f"signature '{self.signature.name}' failed on {rows} rows: {exc.message}") from exc
         outputs = []
@@ -117,7 +140,21 @@ class SignatureRunner:
             try:
                 self(self.signature.example(rows))
             except Exception:
+                if self.executor != DEFAULT_EXECUTOR and self._default_executor_runs(rows):
+                    continue
                 # Tracing happened even if the model rejects zeros; real requests will tell.
                 log.warning("warm-up of signature '%s' on %d rows of zeros failed", self.signature.name, rows,
                             exc_info=True)
                 return
+
+    def _default_executor_runs(self, rows: int) -> bool:
+        """After a failed call on the single-threaded executor, switch to the default one, which
+        runs every graph; True if it runs this batch (so the failure was the executor's)."""
+        self._run_all, self.executor = self._trace(DEFAULT_EXECUTOR), DEFAULT_EXECUTOR
+        try:
+            self(self.signature.example(rows))
+        except Exception:
+            return False
+        log.info("signature '%s' runs on TensorFlow's default executor: the single-threaded one refused it",
+                 self.signature.name)
+        return True
