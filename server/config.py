@@ -123,12 +123,26 @@ def _timeout_ms(text: str) -> float | None:
     return None if text.strip().lower() == "auto" else _non_negative_float(text)
 
 
+def batch_sizes_problem(sizes: tuple[int, ...], max_batch_size: int | None, *,
+                        sizes_name: str = "allowed_batch_sizes", max_name: str = "max_batch_size") -> str | None:
+    """What is wrong with a list of allowed batch sizes, or None: the one rule that the flags, a
+    batching parameters file, a model's config and the batcher all apply (TF Serving's): positive,
+    increasing, and the last one is the max batch size (not checked when max_batch_size is None)."""
+    if not sizes:
+        return None
+    if sizes[0] < 1 or any(b <= a for a, b in itertools.pairwise(sizes)):
+        return f"{sizes_name} must be positive and increasing, got {list(sizes)}"
+    if max_batch_size is not None and sizes[-1] != max_batch_size:
+        return f"the last of {sizes_name} ({sizes[-1]}) must equal {max_name} ({max_batch_size})"
+    return None
+
+
 def _batch_sizes(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be comma-separated integers, got {text!r}") from None
-    if any(b <= a for a, b in itertools.pairwise(sizes)) or (sizes and sizes[0] < 1):
+    if batch_sizes_problem(sizes, None):
         raise argparse.ArgumentTypeError(f"must be positive and increasing, got {text!r}")
     return sizes
 
@@ -256,9 +270,10 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         for other, other_port in fixed[index + 1:]:
             if port == other_port:
                 parser.error(f"{flag} and {other} are both {port}; each needs its own port")
-    if ns.allowed_batch_sizes and ns.allowed_batch_sizes[-1] != ns.max_batch_size:
-        parser.error(f"the last of --allowed-batch-sizes ({ns.allowed_batch_sizes[-1]}) must equal "
-                     f"--max-batch-size ({ns.max_batch_size})")
+    problem = batch_sizes_problem(ns.allowed_batch_sizes, ns.max_batch_size,
+                                  sizes_name="--allowed-batch-sizes", max_name="--max-batch-size")
+    if problem:
+        parser.error(problem)
     if ns.model_config_file is not None and (ns.model_base_path is not None or ns.model_name is not None):
         parser.error("--model-config-file replaces --model-base-path and --model-name; give one or the other")
     if ns.model_config_file is not None:

@@ -34,6 +34,7 @@ from typing import Protocol
 
 import numpy as np
 
+from server.config import batch_sizes_problem
 from server.core.assembly import Tensors, check_rows, concat_rows, padding_rows, split_rows
 from server.core.batching_policy import AUTO_WAIT_BATCHES, SMOOTHING, padded_rows
 from server.errors import DeadlineExceeded, Overloaded, Unavailable
@@ -187,8 +188,9 @@ class Batcher:
     ) -> None:
         if max_batch_rows < 1 or max_queued_rows < 1 or max_inflight < 1 or (timeout_s or 0) < 0:
             raise ValueError("batcher limits must be positive")
-        if allowed_batch_sizes and allowed_batch_sizes[-1] != max_batch_rows:
-            raise ValueError("the last allowed batch size must be the batch budget")
+        problem = batch_sizes_problem(allowed_batch_sizes, max_batch_rows, max_name="the batch budget")
+        if problem:
+            raise ValueError(problem)
         self._run_batch = run_batch
         self._max_batch_rows = max_batch_rows
         self._timeout_s = timeout_s

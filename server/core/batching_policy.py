@@ -38,7 +38,6 @@ none), so an inherited size list can never disagree with a model's own maximum.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +45,7 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from protos.tensorflow_serving import session_bundle_config_pb2
-from server.config import Settings
+from server.config import Settings, batch_sizes_problem
 
 AUTO_WAIT_BATCHES = 1.0
 """Auto: the longest wait, in fixed batch costs (in average batch times beside a running batch).
@@ -85,14 +84,7 @@ class BatchingPolicy:
             return f"batches in flight must be >= 1, got {self.max_inflight_batches}"
         if self.max_queued_rows < 1:
             return f"max_queued_rows must be >= 1, got {self.max_queued_rows}"
-        sizes = self.allowed_batch_sizes
-        if sizes:
-            if sizes[0] < 1 or any(b <= a for a, b in itertools.pairwise(sizes)):
-                return f"allowed_batch_sizes must be positive and increasing, got {list(sizes)}"
-            if sizes[-1] != self.max_batch_size:
-                return (f"the last of allowed_batch_sizes ({sizes[-1]}) must equal max_batch_size "
-                        f"({self.max_batch_size})")
-        return None
+        return batch_sizes_problem(self.allowed_batch_sizes, self.max_batch_size)
 
     def warm_up_sizes(self) -> tuple[int, ...]:
         """The batch sizes worth running once at load: the allowed sizes, which are the only ones

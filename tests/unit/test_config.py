@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from server.config import Settings, parse_settings
+from server.config import Settings, batch_sizes_problem, parse_settings
 
 
 def parse(*argv: str, **env: str) -> Settings:
@@ -169,6 +169,18 @@ def test_invalid_flags_exit(argv: list[str], capsys: pytest.CaptureFixture[str])
         parse(*argv)
     assert info.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_the_allowed_batch_sizes_rule_names_what_is_wrong(capsys: pytest.CaptureFixture[str]) -> None:
+    assert batch_sizes_problem((), 8) is None
+    assert batch_sizes_problem((2, 4, 8), 8) is None
+    assert batch_sizes_problem((4, 2), None) == "allowed_batch_sizes must be positive and increasing, got [4, 2]"
+    assert batch_sizes_problem((0, 8), 8) == "allowed_batch_sizes must be positive and increasing, got [0, 8]"
+    assert batch_sizes_problem((2, 4), 8, max_name="the batch budget") == (
+        "the last of allowed_batch_sizes (4) must equal the batch budget (8)")
+    with pytest.raises(SystemExit):
+        parse("--allowed-batch-sizes", "2,4,8", "--max-batch-size", "16")
+    assert "the last of --allowed-batch-sizes (8) must equal --max-batch-size (16)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
