@@ -10,8 +10,9 @@ and more per row), it measures
   (d) this server with its defaults;
   (e) the reference: the minimal 64-row / 2 ms asyncio batcher a user could write
       (bench.reference_batcher);
-each under `python -m client bench` at 1, 4, 16 and 64 concurrent 1-row callers (closed loop; 4:
-where waiting for more rows could cost more than it gains). On --protocol-models (mlp), the
+each under `python -m client bench` at 1, 16 and 64 concurrent 1-row callers (closed loop; 1 and
+64 are where the goals are judged; add 4 with --concurrency to see where waiting for more rows
+could cost more than it gains), 3 s a point after 1 s of warm-up. On --protocol-models (mlp), the
 default server is also measured over the Open Inference Protocol's ModelInfer and TF Serving's
 REST predict, in the same turns, each against its Predict.
 
@@ -32,7 +33,7 @@ median of its repeats; a sweep point keeps every round, to judge the noise.
 It writes build/bench/results.md, opening with the goals (each PASS or FAIL from this run's
 figures), and build/bench/results.json (the raw figures, the goals under "goals").
 
-usage: python -m bench.suite [--seconds S] [--warmup-s S] [--concurrency 1,4,16,64]
+usage: python -m bench.suite [--seconds S (3)] [--warmup-s S (1)] [--concurrency 1,16,64]
        [--models mlp,cnn,dense,attention,convnet] [--protocol-models mlp] [--sweep 0.25,0.5,0.75,0.9]
        [--repeat N] [--server-flags FLAGS] [--out DIR]
        [--smoke]   (about a minute: what `make test` runs; every code path, no figure is meaningful)
@@ -577,9 +578,9 @@ def run_model(model: str, opts: argparse.Namespace, out: Path, work: Path) -> di
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=8.0, help="measured window per point")
-    parser.add_argument("--warmup-s", type=float, default=2.0)
-    parser.add_argument("--concurrency", default="1,4,16,64", help="closed-loop client counts")
+    parser.add_argument("--seconds", type=float, default=3.0, help="measured window per point")
+    parser.add_argument("--warmup-s", type=float, default=1.0)
+    parser.add_argument("--concurrency", default="1,16,64", help="closed-loop client counts")
     parser.add_argument("--models", default=",".join(["mlp", "cnn", "dense", "attention", "convnet"]))
     parser.add_argument("--protocol-models", default="mlp",
                         help="models on which v2 and REST are measured too (comma-separated; empty: none)")
