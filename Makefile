@@ -46,7 +46,7 @@ test: $(STAMP) $(OFFICIAL_STAMP) $(TRITON_STAMP) prometheus
 	$(PY) -m mypy server client bench protos/build.py
 	OFFICIAL_CLIENT_PATH=$(abspath $(OFFICIAL)) TRITON_CLIENT_PATH=$(abspath $(TRITON)) $(PY) -m pytest -q $(PYTEST_ARGS)
 
-# The performance table (build/bench/results.md): minutes; run it on a quiet machine.
+# The performance tables and goals (build/bench/results.md): about 30 minutes; run it on a quiet machine.
 bench: $(STAMP)
 	$(PY) -m bench.suite $(BENCH_ARGS)
 

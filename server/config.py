@@ -204,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--intra-op-threads", type=_non_negative_int, default=0,
                    help="TensorFlow intra-op threads (default 0: TensorFlow's choice, one per core)")
     p.add_argument("--inter-op-threads", type=_non_negative_int, default=0,
-                   help="TensorFlow inter-op threads (default 0: TensorFlow's choice)")
+                   help="TensorFlow inter-op threads (default 0: TensorFlow's choice); with one CPU replica, "
+                        "most models' ops run on the batch's own thread instead")
     p.add_argument("--max-queued-rows", type=_positive_int, default=4096,
                    help="rows allowed to wait; more are refused with RESOURCE_EXHAUSTED (default 4096)")
     p.add_argument("--metrics-port", type=_optional_port, default=-1,
