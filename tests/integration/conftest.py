@@ -10,7 +10,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -35,6 +35,7 @@ class ServerProcess:
     rest_port: int
     """The REST API's port (-1 when HTTP is off); /metrics is served there."""
     log_path: Path
+    _stop_requested: bool = field(default=False, repr=False)
 
     @property
     def target(self) -> str:
@@ -69,14 +70,19 @@ class ServerProcess:
                 total += float(match.group(3))
         return total
 
-    def stop(self, timeout: float = 30) -> int:
-        if self.process.poll() is None:
+    def request_stop(self) -> None:
+        """SIGTERM, once: the server drains and exits on its own time."""
+        if self.process.poll() is None and not self._stop_requested:
             self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+            self._stop_requested = True
+
+    def stop(self, timeout: float = 30) -> int:
+        self.request_stop()
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
         return int(self.process.returncode)
 
 
@@ -108,6 +114,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory, model_dirs: dict[str, Path
     arguments; stopped when the module ends, so idle servers do not pile up in memory."""
     started: dict[tuple[str, ...], ServerProcess] = {}
     yield started
+    for server in started.values():  # all drain at once: each waits out its drain delay
+        server.request_stop()
     for server in started.values():
         server.stop()
 
