@@ -7,7 +7,8 @@ architecture.md's examples 2-5:
   are reassembled in row order before its future resolves.
 - A full batch goes at once. Otherwise, with a timeout, once its oldest row has waited that long
   (monotonic clock); with timeout 0 as soon as a slot is free; with None (auto) as _dispatch_at
-  says: from measured batch times, arrival gaps and rows present at once, nothing tuned.
+  says: from measured batch times, arrival gaps, rows present at once and how busy the event loop
+  is, nothing tuned.
 - With `allowed_batch_sizes`, a batch is padded up to the next allowed size (its first row
   repeated) and the padding's outputs are dropped.
 - At most `max_inflight` batches execute at once; while they run, the next batch keeps filling.
@@ -184,6 +185,7 @@ class Batcher:
         max_inflight: int = 1,
         allowed_batch_sizes: tuple[int, ...] = (),
         clock: Callable[[], float] = time.monotonic,
+        loop_cpu_clock: Callable[[], float] = time.thread_time,
         observer: BatchObserver | None = None,
     ) -> None:
         if max_batch_rows < 1 or max_queued_rows < 1 or max_inflight < 1 or (timeout_s or 0) < 0:
@@ -198,6 +200,8 @@ class Batcher:
         self._max_inflight = max_inflight
         self._allowed_batch_sizes = allowed_batch_sizes
         self._clock = clock
+        self._loop_cpu_clock = loop_cpu_clock
+        """CPU time of the thread running the event loop (the batcher only runs on it)."""
         self._observer: BatchObserver = observer or _NoObserver()
         self._queues: dict[Hashable, deque[_Request]] = {}
         self._key_rows: dict[Hashable, int] = {}
@@ -219,6 +223,9 @@ class Batcher:
         self._last_present = 0
         """...and the same over the cycle before it: the rows that ended a wait then."""
         self._free_since = 0.0
+        self._taken_at = [(0.0, 0.0), (0.0, 0.0)]
+        """When the last two batches were taken: (clock, loop CPU clock); the event loop's busy
+        share is measured from the earlier one, over a whole batch cycle and the present one."""
         """When the last executing batch ended (the model has been free since, if none executes)."""
         self._task: asyncio.Task[None] | None = None
 
@@ -337,6 +344,7 @@ class Batcher:
             self._executing += 1
             self._executing_rows += rows
             self._last_present, self._present = self._present, self._queued_rows + self._executing_rows
+            self._taken_at = [self._taken_at[1], (self._clock(), self._loop_cpu_clock())]
             task = asyncio.get_running_loop().create_task(self._execute(key, slices, rows))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
@@ -350,11 +358,26 @@ class Batcher:
         if self._executing:
             # Beside a running batch: until it ends, at most one batch time.
             return first.enqueued_at + AUTO_WAIT_BATCHES * self._cost.seconds
-        fixed = AUTO_WAIT_BATCHES * self._cost.fixed_seconds
-        if self._row_gap >= fixed or self._key_rows.get(key, 0) >= self._last_present:
-            # Under one more row expected within a batch's fixed cost, or every row lately present is here.
+        bound = self._auto_bound()
+        if self._row_gap >= bound or self._key_rows.get(key, 0) >= self._last_present:
+            # Under one more row expected within the bound, or every row lately present is here.
             return first.enqueued_at
-        return max(first.enqueued_at, self._free_since) + fixed
+        return max(first.enqueued_at, self._free_since) + bound
+
+    def _auto_bound(self) -> float:
+        """The longest auto wait of a batch that finds the model free: what merging saves, a
+        batch's fixed cost, stretched by 1 / (1 - the event loop's busy share since the batch
+        before last was taken: a whole batch cycle and the present one, so an idle spell shows at
+        once). The loop pays a share of every batch's fixed cost, and while it is busy every
+        request queued behind it waits that share 1 / (1 - busy) times over (a queue's residence
+        time), so saving it is worth that much more. Never longer than a full batch takes to
+        arrive at the measured rate: waiting longer could add no row."""
+        fixed = AUTO_WAIT_BATCHES * self._cost.fixed_seconds
+        taken, taken_cpu = self._taken_at[0]
+        wall = self._clock() - taken
+        busy = (self._loop_cpu_clock() - taken_cpu) / wall if wall > 0 else 0.0
+        fill = self._max_batch_rows * self._row_gap
+        return min(fixed / (1.0 - busy), fill) if busy < 1.0 else fill
 
     def _oldest_key(self) -> tuple[Hashable, _Request] | None:
         """The key whose head request has waited longest, sweeping dead heads."""

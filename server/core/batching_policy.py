@@ -6,10 +6,11 @@ The policy, in three sentences (the batcher keeps them; the README says them to 
    its oldest row has waited T (TF Serving's `batch_timeout_micros`, Triton's max queue delay),
    and with T = 0 as soon as a batch slot is free.
 2. With the default timeout, `auto`, a batch that finds the model free goes at once unless at
-   least one more row is expected within a batch's fixed cost (the measured arrival rate times the
-   part of a batch's time that does not grow with its rows, fitted from recent batches); then it
-   waits at most that fixed cost, and goes as soon as it holds as many rows as were present at
-   once during the previous batch. A batch beside a running one (with more than one in flight)
+   least one more row is expected within a batch's fixed cost (the part of a batch's time that
+   does not grow with its rows, fitted from recent batches) times 1 / (1 - the event loop's busy
+   share since the batch before last was taken); then it waits at most that long (and no longer
+   than a full batch takes to arrive), and goes as soon as it holds as many rows as were present
+   at once during the previous batch. A batch beside a running one (with more than one in flight)
    waits for that one to end, at most one average batch time after its oldest row arrived.
 3. At most `max_inflight_batches` batches execute at once (TF Serving's `num_batch_threads`,
    Triton's instance count), at most `max_queued_rows` rows wait (beyond it: RESOURCE_EXHAUSTED),
@@ -23,6 +24,12 @@ within that fixed cost, and never longer than it: a wait of at most what it can 
 ski-rental bound) at worst doubles that part of a row's time. A model whose time grows with every
 row (compute-bound) has little fixed cost, so its batches do not wait for rows; they still take
 every row queued while the model was busy.
+The stretch by the event loop's busy share: the loop, which parses and answers every request,
+pays part of each batch's fixed cost (handing the batch over, reading its answer). While the loop
+is busy a share b of the time, every request queued behind it waits each unit of its work
+1 / (1 - b) times over (a queue's residence time), so on a saturated server merging saves that
+much more. On an idle loop the stretch is 1; a busy share of 1 leaves the bound at the time a full
+batch takes to arrive, since waiting longer could add no row.
 And once as many rows are queued as were present at once during the previous batch, every caller
 of a closed loop (each waiting for its answer before it sends again) is in, and no row can come
 before this batch answers some. Its two constants, AUTO_WAIT_BATCHES (the longest wait, in fixed

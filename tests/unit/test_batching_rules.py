@@ -4,10 +4,10 @@ real Batcher with a fake model whose batches the test opens and closes:
 1. A batch goes once it holds max_batch_size rows; otherwise, with a timeout T, once its oldest
    row waited T, and with T = 0 as soon as a batch slot is free.
 2. With `auto`, a batch that finds the model free goes at once unless at least one more row is
-   expected within a batch's fixed cost (the part of its time that does not grow with its rows);
-   then it waits at most that long, and goes once as many rows are queued as were present at once
-   during the previous batch. Beside a running batch it waits for that one to end, at most one
-   average batch time after its oldest row.
+   expected within a batch's fixed cost (the part of its time that does not grow with its rows)
+   times 1 / (1 - the event loop's busy share); then it waits at most that long, and goes once as
+   many rows are queued as were present at once during the previous batch. Beside a running
+   batch it waits for that one to end, at most one average batch time after its oldest row.
 3. At most max_inflight batches execute at once, at most max_queued_rows rows wait (beyond:
    Overloaded), and with allowed_batch_sizes a batch is padded to the next allowed size.
 """
@@ -36,8 +36,14 @@ def two_threads() -> Iterator[ThreadPoolExecutor]:
         yield ex
 
 
+def idle_loop() -> float:
+    """The event loop's CPU clock of an idle loop: the auto wait is not stretched."""
+    return 0.0
+
+
 def start(model: FakeModel, executor: ThreadPoolExecutor, **limits: Any) -> Batcher:
-    settings: dict[str, Any] = {"max_batch_rows": 64, "timeout_s": None, "max_queued_rows": 1000}
+    settings: dict[str, Any] = {"max_batch_rows": 64, "timeout_s": None, "max_queued_rows": 1000,
+                                "loop_cpu_clock": idle_loop}
     settings.update(limits)
     b = Batcher(on_thread(model, executor), **settings)
     b.start()
@@ -242,6 +248,40 @@ def test_auto_waits_only_when_a_batch_has_a_fixed_cost(
             assert first.at - t0 > 0.008 and first.rows > 1, (first.at - t0, first.rows)
         else:
             assert first.at - t0 < 0.008 and first.rows == 1, (first.at - t0, first.rows)
+        await b.drain()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(("busy", "low", "high"), [(0.0, 0.02, 0.07), (0.75, 0.10, 0.20)],
+                         ids=["idle loop", "loop 75% busy"])
+def test_auto_stretches_its_wait_by_how_busy_the_event_loop_is(
+    model: FakeModel, executor: ThreadPoolExecutor, busy: float, low: float, high: float
+) -> None:
+    """Batches of 1 and 4 rows teach the batcher a fixed cost of 30 ms a batch. Then two rows come
+    2 ms apart and no more: their batch waits for more rows as long as the bound allows, which is
+    the fixed cost on an idle event loop and 1 / (1 - 0.75) = 4 times it on a loop busy 75% of
+    the time (the loop's CPU clock here runs at that share of the wall clock)."""
+
+    def cost(key: Any, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        time.sleep(0.03 + 0.01 * batch["x"].shape[0])
+        return {"y": batch["x"] * 2}
+
+    model.respond = cost
+
+    async def main() -> None:
+        b = start(model, executor, loop_cpu_clock=lambda: busy * time.monotonic())
+        head = asyncio.create_task(b.submit("k", request(0, 1), 1))
+        await until(lambda: bool(model.calls))
+        await asyncio.gather(head, *(b.submit("k", request(i, 1), 1) for i in range(1, 5)))
+        assert [c.rows for c in model.calls] == [1, 4]
+        t0 = time.monotonic()
+        pair = [asyncio.create_task(b.submit("k", request(100, 1), 1))]
+        await asyncio.sleep(0.002)
+        pair.append(asyncio.create_task(b.submit("k", request(101, 1), 1)))
+        await asyncio.gather(*pair)
+        batch = model.calls[-1]
+        assert batch.rows == 2 and low < batch.at - t0 < high, (batch.rows, batch.at - t0)
         await b.drain()
 
     asyncio.run(main())
