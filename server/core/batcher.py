@@ -223,10 +223,10 @@ class Batcher:
         self._last_present = 0
         """...and the same over the cycle before it: the rows that ended a wait then."""
         self._free_since = 0.0
-        self._taken_at = [(0.0, 0.0), (0.0, 0.0)]
+        """When the last executing batch ended (the model has been free since, if none executes)."""
+        self._taken_at: tuple[tuple[float, float], tuple[float, float]] = ((0.0, 0.0), (0.0, 0.0))
         """When the last two batches were taken: (clock, loop CPU clock); the event loop's busy
         share is measured from the earlier one, over a whole batch cycle and the present one."""
-        """When the last executing batch ended (the model has been free since, if none executes)."""
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -344,7 +344,7 @@ class Batcher:
             self._executing += 1
             self._executing_rows += rows
             self._last_present, self._present = self._present, self._queued_rows + self._executing_rows
-            self._taken_at = [self._taken_at[1], (self._clock(), self._loop_cpu_clock())]
+            self._taken_at = (self._taken_at[1], (self._clock(), self._loop_cpu_clock()))
             task = asyncio.get_running_loop().create_task(self._execute(key, slices, rows))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
