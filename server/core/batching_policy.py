@@ -33,8 +33,8 @@ batch takes to arrive, since waiting longer could add no row.
 And once as many rows are queued as were present at once during the previous batch, every caller
 of a closed loop (each waiting for its answer before it sends again) is in, and no row can come
 before this batch answers some. Its two constants, AUTO_WAIT_BATCHES (the longest wait, in fixed
-batch costs) and SMOOTHING (how fast the averages follow), are about batch costs and arrivals in
-general, not about any one model.
+batch costs, before the stretch) and SMOOTHING (how fast the averages follow), are about batch
+costs and arrivals in general, not about any one model; the stretch adds none.
 
 Where the values come from, later over earlier, field by field: the flags; TF Serving's
 `--batching_parameters_file`; the model's own `batching_parameters` in the model config file.
@@ -55,9 +55,10 @@ from protos.tensorflow_serving import session_bundle_config_pb2
 from server.config import Settings, batch_sizes_problem
 
 AUTO_WAIT_BATCHES = 1.0
-"""Auto: the longest wait, in fixed batch costs (in average batch times beside a running batch).
-One, because waiting longer than what a merged batch can save could cost more than it earns,
-while beside a running batch, its end brings every row that a longer wait could gather."""
+"""Auto: the longest wait, in fixed batch costs (before the stretch by the event loop's busy
+share; in average batch times beside a running batch). One, because waiting longer than what a
+merged batch can save could cost more than it earns, while beside a running batch, its end brings
+every row that a longer wait could gather."""
 SMOOTHING = 0.2
 """Weight of the newest figure in the averages of batch time and arrival gap: about the last five
 count, so a single slow batch (a collection pause, a cold cache) or one burst does not set the
