@@ -1,10 +1,11 @@
 """The in-process ceiling: the SavedModel called directly, no server, at several batch sizes.
 
 usage: python -m bench.inprocess MODEL_BASE INPUT.npy RESPONSE_OUT SECONDS BATCH [BATCH ...]
-Prints one JSON object: {"rows_per_s": {BATCH: rows/s, ...}, "one_row_ms": M}, where M is the
-median wall time of single 1-row calls, each timed on its own (outputs converted to numpy, as a
-server must). Also writes the PredictResponse a server would send for INPUT.npy, for the
-fixed-response server to replay.
+Prints one JSON object: {"rows_per_s": {BATCH: rows/s, ...}, "cpu_us_per_row": {BATCH: µs, ...},
+"one_row_ms": M}, where the CPU is the whole process's (every TensorFlow thread) over the calls at
+that batch size, and M is the median wall time of single 1-row calls, each timed on its own
+(outputs converted to numpy, as a server must). Also writes the PredictResponse a server would
+send for INPUT.npy, for the fixed-response server to replay.
 """
 
 from __future__ import annotations
@@ -39,17 +40,18 @@ def main() -> None:
     response.model_spec.signature_name = "serving_default"
     response_out.write_bytes(response.SerializeToString())
 
-    rows_per_s = {}
+    rows_per_s, cpu_us_per_row = {}, {}
     for batch in batches:
         x = np.repeat(row, batch, axis=0)
         for _ in range(3):
             signature(**{name: x})
         calls = 0
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         while time.perf_counter() - started < seconds:
             {k: v.numpy() for k, v in signature(**{name: x}).items()}
             calls += 1
         rows_per_s[batch] = calls * batch / (time.perf_counter() - started)
+        cpu_us_per_row[batch] = (time.process_time() - cpu_started) * 1e6 / (calls * batch)
 
     fewest, most = ONE_ROW_CALLS
     one_row: list[float] = []
@@ -58,7 +60,8 @@ def main() -> None:
         call_started = time.perf_counter()
         {k: v.numpy() for k, v in signature(**{name: row}).items()}
         one_row.append(time.perf_counter() - call_started)
-    print(json.dumps({"rows_per_s": rows_per_s, "one_row_ms": statistics.median(one_row) * 1e3}))
+    print(json.dumps({"rows_per_s": rows_per_s, "cpu_us_per_row": cpu_us_per_row,
+                      "one_row_ms": statistics.median(one_row) * 1e3}))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
     before, after = mlp["inprocess_runs"]  # measured before the servers and after; the better counts
     assert mlp["inprocess"] == {b: max(before[b], after[b]) for b in before}
     assert 0 < mlp["inprocess_1_row_ms"] == min(mlp["inprocess_1_row_ms_runs"])
+    assert set(mlp["inprocess_cpu_us_per_row"]) == {"1", "16", "64"}
+    assert all(v > 0 for v in mlp["inprocess_cpu_us_per_row"].values())
     for label in ("fixed", "off", "default", "reference", "v2", "rest"):
         assert [r["concurrency"] for r in mlp[label]] == [1, 64]
         assert all(r["codes"] == {"OK": r["requests"]} and r["req_per_s"] > 0 for r in mlp[label]), mlp[label]
@@ -50,6 +52,9 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
     assert sorted(goals) == ["a", "b", "c", "d"] and all(g["status"] in ("PASS", "FAIL") for g in goals.values())
     assert set(goals["a"]["figures"]) == set(goals["c"]["figures"]) == set(goals["d"]["figures"]) == {"mlp"}
     assert len(goals["b"]["figures"]) == 4  # p50 and p99, against batching off and the reference
+    reach = goals["a"]["figures"]["mlp"]  # what this machine allowed any server, by the run's figures
+    assert 0 < reach["reach_req_per_s"] <= mlp["fixed"][1]["req_per_s"] and reach["reach_ratio"] > 0
+    assert "(reach " in goals["a"]["summary"]
     table = (tmp_path / "results.md").read_text()
     print(table)
     assert table.index("## Goals") < table.index("## mlp")
