@@ -288,15 +288,16 @@ def machine_reach(r: dict[str, Any]) -> dict[str, float] | None:
     """The most req/s at GOAL_LEVEL clients that this run's own figures allow any gRPC server on this
     machine, by two limits, the lower counting: the fixed-response server's req/s (a grpc.aio server
     that does no work answered no faster), and the machine's cores over the least CPU a request can
-    cost: the model's own per row at its largest batch in-process, plus the fixed-response server's
-    per request, plus the least the load generator spent per request on any of the servers. Goal a's
-    ratio cannot exceed this over the reference's req/s; None where the run lacks a figure."""
+    cost: the model's own per row at its cheapest batch size in-process, plus the fixed-response
+    server's per request, plus the least the load generator spent per request on any of the servers.
+    Over the reference's req/s, it is the most goal a's ratio could be here, as far as the run can
+    tell. None where the run lacks a figure."""
     per_row = r.get("inprocess_cpu_us_per_row")
     runs = [at_level(r[label], GOAL_LEVEL) for label in SERVERS]
     fixed = runs[0]
     if not per_row or fixed is None or any(run is None for run in runs):
         return None
-    model_us = per_row[max(per_row, key=int)]
+    model_us = min(per_row.values())
     client_us = min(run["client_cpu_us"] for run in runs if run is not None)
     least_us = model_us + fixed["server_cpu_us"] + client_us
     cores = len(os.sched_getaffinity(0))
@@ -416,12 +417,21 @@ def goals_section(found: list[Goal]) -> list[str]:
              "answer (failed, or offered in the window and still unanswered at its end) counts as infinitely slow. "
              "Reach (goal a): the most any gRPC server could have answered on this machine by this run's own "
              "figures, over the reference's req/s: the lower of the fixed-response server's req/s and the cores "
-             "over the least CPU a request needs (the model's in-process CPU per row at its largest batch, the "
+             "over the least CPU a request needs (the model's in-process CPU per row at its cheapest batch size, the "
              "fixed-response server's CPU per request, the load generator's least CPU per request).",
              ""]
     for goal in found:
         lines.append(f"- {goal.key}) {goal.text}: **{goal.status}**" + (f" — {goal.summary}" if goal.summary else ""))
     return [*lines, ""]
+
+
+def model_cpu(r: dict[str, Any]) -> str:
+    """The in-process CPU per row at each batch size (the lower of the two measurements), if the run has it."""
+    per_row = r.get("inprocess_cpu_us_per_row")
+    if not per_row:
+        return ""
+    return "; CPU per row, every thread of the process, the lower of the two: " + ", ".join(
+        f"batch {b}: {us:,.0f} µs" for b, us in per_row.items())
 
 
 def closed_loop_section(r: dict[str, Any]) -> list[str]:
@@ -431,8 +441,8 @@ def closed_loop_section(r: dict[str, Any]) -> list[str]:
     best_ceiling = ceiling.get("64") or max(ceiling.values())
     lines = ["In-process ceiling (SavedModel called directly; before the servers / after them; the ratios use "
              "the better): " + ", ".join(f"batch {b}: {before[b]:,.0f} / {after[b]:,.0f} rows/s" for b in ceiling)
-             + f"; one 1-row call: {one_before:.2f} / {one_after:.2f} ms. Rows per batch: the default server's "
-             "average over the median run, its warm-up included.", ""]
+             + f"; one 1-row call: {one_before:.2f} / {one_after:.2f} ms" + model_cpu(r)
+             + ". Rows per batch: the default server's average over the median run, its warm-up included.", ""]
     lines += table(
         ["clients", "fixed-response gRPC req/s", "batching off req/s", "default req/s", "reference req/s",
          "default / fixed", "default / off", "default / reference", "default / in-process@64", "p50 ms off",

@@ -62,6 +62,7 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
     assert "default rows per batch" in table and "| 1 |" in table and "| 64 |" in table and "| 50% |" in table
     assert "default / fixed" in table and "default / reference" in table and "CPU per request" in table
     assert "fixed-response: load generator" in table  # the client's CPU in each server's runs
+    assert "CPU per row, every thread of the process" in table
     assert "v2 / Predict CPU" in table and "REST / Predict CPU" in table
 
 
