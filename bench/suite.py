@@ -293,8 +293,8 @@ def machine_reach(r: dict[str, Any]) -> dict[str, float] | None:
     Over the reference's req/s, it is the most goal a's ratio could be here, as far as the run can
     tell. None where the run lacks a figure."""
     per_row = r.get("inprocess_cpu_us_per_row")
+    fixed = at_level(r["fixed"], GOAL_LEVEL)
     runs = [at_level(r[label], GOAL_LEVEL) for label in SERVERS]
-    fixed = runs[0]
     if not per_row or fixed is None or any(run is None for run in runs):
         return None
     model_us = min(per_row.values())
