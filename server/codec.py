@@ -20,6 +20,7 @@ import numpy as np
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 
 from server.errors import InvalidInput
+from server.limits import MAX_RANK, STRING_ELEMENT_BYTES, check_bytes, check_shape, string_bytes
 
 
 @dataclass(frozen=True)
@@ -89,14 +90,12 @@ def dtype_enum(dtype: np.dtype) -> int:
     return int(entry.enum)
 
 
-MAX_RANK = 32
-
-
 def to_ndarray(proto: tensor_pb2.TensorProto, *, name: str, max_bytes: int) -> np.ndarray:
     """Decode one TensorProto, validating shape and contents before allocating anything.
 
-    `max_bytes` bounds the decoded size, so one value that "fills" a huge declared shape cannot
-    make the server allocate more than a message of that size could carry.
+    `max_bytes` bounds the decoded size (server.limits), so one value that "fills" a huge declared
+    shape, or a string repeated that way, cannot make the server allocate more than a message of
+    that size could carry.
     """
     fast = _from_tensor_content(proto, max_bytes)
     if fast is not None:
@@ -108,18 +107,10 @@ def to_ndarray(proto: tensor_pb2.TensorProto, *, name: str, max_bytes: int) -> n
         raise InvalidInput(f"{where}: {_unsupported(proto.dtype)}") from None
     if proto.tensor_shape.unknown_rank:
         raise InvalidInput(f"{where}: tensor_shape has unknown_rank; a request needs a concrete shape")
-    shape = tuple(int(d.size) for d in proto.tensor_shape.dim)
-    if len(shape) > MAX_RANK:
-        raise InvalidInput(f"{where}: shape has {len(shape)} dimensions; at most {MAX_RANK} are supported")
-    if any(d < 0 for d in shape):
-        raise InvalidInput(f"{where}: shape {list(shape)} has a negative dimension")
+    is_string = entry.enum == types_pb2.DT_STRING
+    shape = check_shape([d.size for d in proto.tensor_shape.dim], where, max_bytes,
+                        STRING_ELEMENT_BYTES if is_string else entry.numpy.itemsize)
     count = math.prod(shape)
-    itemsize = 8 if entry.enum == types_pb2.DT_STRING else entry.numpy.itemsize
-    if count * itemsize > max_bytes or any(d > max_bytes for d in shape):
-        raise InvalidInput(
-            f"{where}: shape {list(shape)} has {count} elements ({count * itemsize} bytes decoded); "
-            f"the limit is {max_bytes} bytes per tensor"
-        )
 
     # Values by field name, from one ListFields() call: reading tensor_content again would copy it.
     present = {f.name: value for f, value in proto.ListFields() if f.name in _VALUE_FIELDS}
@@ -151,9 +142,13 @@ def to_ndarray(proto: tensor_pb2.TensorProto, *, name: str, max_bytes: int) -> n
             f"{where}: shape {list(shape)} needs {count} values (or 1 to fill it), "
             f"got {n} in {entry.field}"
         )
-    if entry.enum == types_pb2.DT_STRING:
+    if is_string:
+        items = list(values)
+        # A fill is as many copies as the shape holds once TensorFlow makes a tensor of it.
+        lengths = [len(items[0])] * count if n != count else map(len, items)
+        check_bytes(where, shape, string_bytes(lengths, count), max_bytes)
         flat = np.empty(n, dtype=object)
-        flat[:] = list(values)
+        flat[:] = items
     else:
         # protobuf converts the whole field at once; narrow integer types travel widened
         # (int8..uint16 in int_val, half bits in half_val), so check their range before casting.

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from server.api import json_codec
-from server.codec import dtype_enum, dtype_name
 from server.core.signatures import TensorSpec
+from server.dtypes import tf_name
 from server.errors import InvalidInput
 
 FIELDS = ("signature_name", "instances", "inputs")
@@ -56,7 +56,7 @@ def decode_inputs(value: Any, row_format: bool, specs: Mapping[str, TensorSpec])
         if spec is None:
             raise InvalidInput(f"unexpected input '{name}'; the signature takes: {', '.join(sorted(specs))}")
         arrays[name] = json_codec.array_from_json(column, spec.dtype, f"input '{name}'",
-                                                  dtype_name(dtype_enum(spec.dtype)))
+                                                  tf_name(spec.dtype))
     return arrays
 
 

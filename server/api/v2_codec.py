@@ -11,16 +11,18 @@ shape: the element count must match.
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
 
-from server.codec import MAX_RANK
 from server.errors import InvalidInput
+from server.limits import STRING_ELEMENT_BYTES, check_bytes, check_shape, string_bytes
 
 LENGTH_PREFIX = np.dtype("<u4")
+_LENGTH = struct.Struct("<I")
 
 
 @dataclass(frozen=True)
@@ -68,17 +70,8 @@ def _datatype(name: str, where: str) -> DataType:
 
 def checked_shape(shape: Sequence[int], datatype: DataType, where: str, max_bytes: int) -> tuple[int, ...]:
     """The shape as a tuple, refused when it could not be a real tensor of at most max_bytes."""
-    dims = tuple(int(d) for d in shape)
-    if len(dims) > MAX_RANK:
-        raise InvalidInput(f"{where}: shape has {len(dims)} dimensions; at most {MAX_RANK} are supported")
-    if any(d < 0 for d in dims):
-        raise InvalidInput(f"{where}: shape {list(dims)} has a negative dimension")
-    count = math.prod(dims)
-    itemsize = LENGTH_PREFIX.itemsize if datatype.name == "BYTES" else datatype.numpy.itemsize
-    if count * itemsize > max_bytes or any(d > max_bytes for d in dims):
-        raise InvalidInput(f"{where}: shape {list(dims)} has {count} elements; the limit is {max_bytes} bytes "
-                           f"per tensor")
-    return dims
+    return check_shape(shape, where, max_bytes,
+                       STRING_ELEMENT_BYTES if datatype.name == "BYTES" else datatype.numpy.itemsize)
 
 
 def decode_raw(name: str, datatype: str, shape: Sequence[int], raw: bytes, max_bytes: int) -> np.ndarray:
@@ -88,6 +81,9 @@ def decode_raw(name: str, datatype: str, shape: Sequence[int], raw: bytes, max_b
     dims = checked_shape(shape, entry, where, max_bytes)
     count = math.prod(dims)
     if entry.name == "BYTES":
+        # Each element's 4-byte length prefix becomes an 8-byte pointer once split.
+        check_bytes(where, dims, len(raw) - LENGTH_PREFIX.itemsize * count + STRING_ELEMENT_BYTES * count,
+                    max_bytes)
         return _split_bytes(raw, count, where).reshape(dims)
     expected = count * entry.numpy.itemsize
     if len(raw) != expected:
@@ -99,20 +95,22 @@ def decode_raw(name: str, datatype: str, shape: Sequence[int], raw: bytes, max_b
 def _split_bytes(raw: bytes, count: int, where: str) -> np.ndarray:
     """BYTES elements from their length-prefixed serialization, each length checked first."""
     out = np.empty(count, dtype=object)
-    view = memoryview(raw)
+    size = len(raw)
+    read_length = _LENGTH.unpack_from
     offset = 0
     for i in range(count):
-        if offset + 4 > len(raw):
+        if offset + 4 > size:
             raise InvalidInput(f"{where}: raw BYTES contents end after {i} of {count} elements")
-        length = int.from_bytes(view[offset:offset + 4], "little")
+        (length,) = read_length(raw, offset)
         offset += 4
-        if offset + length > len(raw):
+        end = offset + length
+        if end > size:
             raise InvalidInput(f"{where}: BYTES element {i} declares {length} bytes; only "
-                               f"{len(raw) - offset} remain")
-        out[i] = bytes(view[offset:offset + length])
-        offset += length
-    if offset != len(raw):
-        raise InvalidInput(f"{where}: raw BYTES contents have {len(raw) - offset} bytes after the {count} "
+                               f"{size - offset} remain")
+        out[i] = raw[offset:end]
+        offset = end
+    if offset != size:
+        raise InvalidInput(f"{where}: raw BYTES contents have {size - offset} bytes after the {count} "
                            f"elements the shape needs")
     return out
 
@@ -135,8 +133,10 @@ def decode_contents(name: str, datatype: str, shape: Sequence[int], fields: dict
         raise InvalidInput(f"{where}: shape {list(dims)} needs {count} values, got {len(values)} in "
                            f"{entry.contents}")
     if entry.name == "BYTES":
+        items = list(values)
+        check_bytes(where, dims, string_bytes(map(len, items), count), max_bytes)  # type: ignore[arg-type]
         flat = np.empty(count, dtype=object)
-        flat[:] = list(values)
+        flat[:] = items
         return flat.reshape(dims)
     wide = np.asarray(values)
     if entry.numpy.kind in "iu" and wide.size and wide.dtype != entry.numpy:

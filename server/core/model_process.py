@@ -1,9 +1,13 @@
 """The server's handle on its model worker process (server.core.model_worker).
 
 Everything here runs on the event loop and never blocks it for long: a batch is copied into a
-shared-memory slot and announced with a small message; the worker's answers are read by a reader
-callback on the socket, which resolves the waiting batch's future. There is one slot per batch in
-flight, so the server never overwrites inputs the worker may still be reading.
+shared-memory slot and announced with a small message over the worker channel
+(server.core.worker_channel: sends wait for a full socket instead of failing, reads reassemble
+messages of any size); each answer resolves the waiting batch's future. There is one slot per
+batch in flight, so the server never overwrites inputs the worker may still be reading. Slots
+reach the worker as file descriptors over a second socket of their own, so the channel carries
+nothing but pickled messages. The worker is taken for gone only when the channel ends: EOF, a
+reset or a broken pipe.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import logging
 import mmap
 import multiprocessing
 import os
+import socket
 from collections.abc import Callable, Sequence
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
@@ -22,6 +27,7 @@ from typing import Any
 from server.config import Settings
 from server.core import model_worker
 from server.core.assembly import Tensors
+from server.core.worker_channel import WorkerChannel
 from server.core.worker_protocol import (
     Done,
     Failed,
@@ -45,6 +51,10 @@ MIN_SLOT_BYTES = 1 << 20
 CLEAN_EXIT = {"FileNotFoundError": FileNotFoundError, "ValueError": ValueError, "OSError": OSError}
 
 
+class _StartLost(Exception):
+    """The channel ended before the worker said it had started."""
+
+
 class LoadError(Exception):
     """A version failed to load in the worker; code is a tensorflow.error.Code."""
 
@@ -65,7 +75,10 @@ class ModelProcess:
         self._settings = settings
         self._on_traces = on_traces
         self._on_lost = on_lost
-        self._conn: Connection | None = None
+        self._channel: WorkerChannel | None = None
+        self._handles: Connection | None = None
+        """Where slots' file descriptors go (blocking: a few bytes each, read at once by the worker)."""
+        self._first: asyncio.Future[object] | None = None
         self._process: Any = None
         self._maps: dict[int, mmap.mmap] = {}
         self._free: list[int] = []
@@ -79,32 +92,36 @@ class ModelProcess:
         self._reading = False
 
     async def start(self) -> Started:
-        """Spawn the worker and wait (off the event loop) until its devices and threads are set up."""
+        """Spawn the worker and wait until its devices and threads are set up."""
         context = multiprocessing.get_context("spawn")  # never fork a process that runs gRPC threads
-        conn, child = context.Pipe(duplex=True)
-        self._process = context.Process(target=model_worker.run, args=(child, self._settings),
+        ours, theirs = socket.socketpair()
+        handles, their_handles = socket.socketpair()
+        child = Connection(theirs.detach())
+        child_handles = Connection(their_handles.detach())
+        self._handles = Connection(handles.detach())
+        self._process = context.Process(target=model_worker.run, args=(child, child_handles, self._settings),
                                         name="mirrorserve-model", daemon=True)
+        loop = asyncio.get_running_loop()
+        self._first = loop.create_future()
+        self._channel = await WorkerChannel.open(ours, self._on_message, self._on_channel_lost)
+        self._reading = True
         self._process.start()
         child.close()
-        self._conn = conn
-        loop = asyncio.get_running_loop()
+        child_handles.close()
         try:
-            first = await loop.run_in_executor(None, conn.recv)
-        except (EOFError, OSError):
+            first = await self._first
+        except _StartLost:
             await loop.run_in_executor(None, self._process.join, 5)
             raise RuntimeError(f"the model worker exited while loading (exit code {self._process.exitcode})") from None
         if isinstance(first, StartFailed):
             raise CLEAN_EXIT.get(first.kind, RuntimeError)(first.message)
         assert isinstance(first, Started), f"unexpected first message {first!r}"
-        loop.add_reader(conn.fileno(), self._on_readable)
-        self._reading = True
         return first
 
     async def load(self, servable: int, name: str, version: int, path: str,
                    warm_up_sizes: tuple[int, ...], max_inflight: int) -> Loaded:
         """Load and warm up one version in the worker under a fresh servable id; LoadError if it fails."""
         self._check_alive()
-        assert self._conn is not None
         future: asyncio.Future[Loaded] = asyncio.get_running_loop().create_future()
         self._loads[servable] = future
         self._send(Load(servable, name, version, path, warm_up_sizes, max_inflight))
@@ -119,21 +136,17 @@ class ModelProcess:
         await future
 
     def _check_alive(self) -> None:
-        if self._lost is not None or self._conn is None:
+        if self._lost is not None or self._channel is None:
             raise Unavailable(f"the model worker is gone ({self._lost or 'not started'}); retry on another replica")
 
     def _send(self, message: object) -> None:
-        assert self._conn is not None
-        try:
-            self._conn.send(message)
-        except OSError as exc:  # the worker is gone; its socket's EOF may not have been read yet
-            self._lose(type(exc).__name__)
+        assert self._channel is not None
+        self._channel.send(message)
 
     async def run(self, servable: int, signature: str, parts: Sequence[Tensors]) -> tuple[Tensors, float]:
         """Run one batch, the parts' rows in order, in the worker; its outputs and the seconds the
         model spent."""
         self._check_alive()
-        assert self._conn is not None
         if self._free:
             slot = self._free.pop()
         else:
@@ -149,31 +162,44 @@ class ModelProcess:
         return await future
 
     def _grow(self, slot: int, need: int) -> None:
-        assert self._conn is not None
+        assert self._handles is not None
         size = max(MIN_SLOT_BYTES, 1 << (need - 1).bit_length())
         fd = os.memfd_create(f"mirrorserve-slot-{slot}")
         try:
             os.ftruncate(fd, size)
             buffer = mmap.mmap(fd, size)
-            self._conn.send(NewSlot(slot, size))
-            reduction.send_handle(self._conn, fd, self._process.pid)
+            try:
+                reduction.send_handle(self._handles, fd, self._process.pid)
+            except OSError as exc:
+                buffer.close()
+                self._lose(f"its slot socket failed: {type(exc).__name__}")
+                raise Unavailable(f"the model worker is gone ({self._lost}); retry on another replica") from None
         finally:
             os.close(fd)
+        self._send(NewSlot(slot, size))  # the worker takes the descriptor once it reads this
         old = self._maps.get(slot)
         self._maps[slot] = buffer
         if old is not None:
             old.close()
 
-    def _on_readable(self) -> None:
-        assert self._conn is not None
-        # One message per call: the socket is level-triggered, so the loop calls again while more
-        # are waiting. (Connection.poll() would build a new selector on every call.)
-        try:
-            self._answer(self._conn.recv())
-        except (EOFError, OSError) as exc:
-            self._process.join(1.0)  # it is gone or going: reap it for its exit code
-            code = self._process.exitcode
-            self._lose(f"exit code {code}" if code is not None else type(exc).__name__)
+    def _on_message(self, message: object) -> None:
+        first = self._first
+        if first is not None and not first.done():
+            first.set_result(message)
+            return
+        self._answer(message)
+
+    def _on_channel_lost(self, why: str) -> None:
+        self._reading = False
+        first = self._first
+        if first is not None and not first.done():
+            first.set_exception(_StartLost(why))
+            return
+        if self._lost is not None:
+            return
+        self._process.join(1.0)  # it is gone or going: reap it for its exit code
+        code = self._process.exitcode
+        self._lose(f"exit code {code}" if code is not None else why)
 
     def _answer(self, message: object) -> None:
         if isinstance(message, Loaded | LoadFailed):
@@ -222,16 +248,18 @@ class ModelProcess:
         self._on_lost(why)
 
     def _stop_reading(self) -> None:
-        if self._reading and self._conn is not None:
-            asyncio.get_running_loop().remove_reader(self._conn.fileno())
+        if self._reading and self._channel is not None:
             self._reading = False
+            self._channel.close()
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Close our end (the worker exits on it) and reap the process."""
-        self._stop_reading()
         self._lost = self._lost or "closed"
-        if self._conn is not None:
-            self._conn.close()
+        if self._channel is not None:
+            self._channel.close()
+            self._reading = False
+        if self._handles is not None:
+            self._handles.close()
         if self._process is not None:
             self._process.join(timeout_s)
             if self._process.is_alive():

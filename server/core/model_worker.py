@@ -70,8 +70,9 @@ UNKNOWN, INVALID_ARGUMENT, NOT_FOUND, DATA_LOSS = 2, 3, 5, 15
 MAX_ERROR_CHARS = 2000
 
 
-def run(conn: Connection, settings: Settings) -> None:
-    """Process entry point (multiprocessing, spawn)."""
+def run(conn: Connection, handles: Connection, settings: Settings) -> None:
+    """Process entry point (multiprocessing, spawn). `conn` carries the messages; `handles` the
+    file descriptor of each new slot, one per NewSlot message."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logs.configure(settings.log_format, settings.log_level)
@@ -90,7 +91,7 @@ def run(conn: Connection, settings: Settings) -> None:
     gc.collect()
     gc.freeze()  # as in the server: no full collection over TensorFlow's objects mid-batch
     conn.send(Started(devices, demo))
-    _serve(conn, slots, batches, servables)
+    _serve(conn, handles, slots, batches, servables)
 
 
 def _start(settings: Settings) -> tuple[tf.distribute.Strategy, list[str]]:
@@ -294,14 +295,18 @@ def _first_call() -> None:
     tf.reduce_sum(tf.ones((2, 2))).numpy()
 
 
-def _serve(conn: Connection, slots: dict[int, mmap.mmap], batches: _Batches, servables: _Servables) -> None:
+def _serve(conn: Connection, handles: Connection, slots: dict[int, mmap.mmap], batches: _Batches,
+           servables: _Servables) -> None:
     while True:
         try:
             message = conn.recv()
         except (EOFError, OSError):
             return  # the server closed its end or is gone
         if isinstance(message, NewSlot):
-            fd = reduction.recv_handle(conn)
+            try:
+                fd = reduction.recv_handle(handles)
+            except (EOFError, OSError):
+                return
             old = slots.pop(message.index, None)
             slots[message.index] = mmap.mmap(fd, message.size)
             os.close(fd)

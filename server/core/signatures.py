@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from server.codec import dtype_enum, dtype_name
+from server.dtypes import tf_name
 from server.errors import InvalidInput
 
 DEFAULT_SIGNATURE = "serving_default"
@@ -33,7 +33,7 @@ class TensorSpec:
 
     def describe(self) -> str:
         dims = "?" if self.shape is None else str([-1 if d is None else d for d in self.shape])
-        return f"{dtype_name(dtype_enum(self.dtype))} {dims}"
+        return f"{tf_name(self.dtype)} {dims}"
 
 
 def _shape_text(shape: Iterable[int]) -> str:
@@ -110,8 +110,8 @@ class Signature:
             array = inputs[name]
             if array.dtype != spec.dtype and not (spec.dtype == object and array.dtype.kind in "OSU"):
                 raise InvalidInput(
-                    f"input '{name}' must be {dtype_name(dtype_enum(spec.dtype))}, "
-                    f"got {dtype_name(dtype_enum(array.dtype))}"
+                    f"input '{name}' must be {tf_name(spec.dtype)}, "
+                    f"got {tf_name(array.dtype)}"
                 )
             assert spec.shape is not None  # guaranteed by batching_problem() at load
             trailing = zip(spec.shape[1:], array.shape[1:], strict=False)

@@ -12,6 +12,7 @@ from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 
 from server.codec import dtype_enum, dtype_name, numpy_dtype, to_ndarray, to_tensor_proto
 from server.errors import InvalidInput
+from server.limits import STRING_ELEMENT_BYTES
 
 LIMIT = 1_000_000
 
@@ -559,3 +560,41 @@ def test_values_in_any_other_field_are_refused() -> None:
     p.float8_val = b"\x01\x02"
     message = refusal(p)
     assert "float8_val" in message and "use float_val" in message
+
+
+def test_a_string_fill_is_counted_by_what_it_decodes_to() -> None:
+    """One 1 MB string filling [4096] is 4 GB once TensorFlow makes a tensor of it: refused before
+    anything of that size exists, with a peak of about the one string."""
+    p = proto(types_pb2.DT_STRING, [4096], string_val=[b"a" * (1 << 20)])
+    tracemalloc.start()
+    try:
+        message = refusal(p, max_bytes=64 << 20)
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    assert f"({4096 * ((1 << 20) + STRING_ELEMENT_BYTES)} bytes decoded); the limit is {64 << 20}" in message, message
+    assert peak < 3 << 20
+    # The same fill within the limit decodes, every element the one value.
+    small = decode(proto(types_pb2.DT_STRING, [3], string_val=[b"ab"]), max_bytes=3 * (2 + STRING_ELEMENT_BYTES))
+    assert small.tolist() == [b"ab"] * 3
+    over = refusal(proto(types_pb2.DT_STRING, [3], string_val=[b"ab"]), max_bytes=3 * (2 + STRING_ELEMENT_BYTES) - 1)
+    assert "bytes decoded" in over
+
+
+def test_strings_are_counted_by_their_lengths_plus_what_each_element_costs() -> None:
+    values = [b"x" * 100, b"", b"yz"]
+    exact = 102 + 3 * STRING_ELEMENT_BYTES
+    assert decode(proto(types_pb2.DT_STRING, [3], string_val=values), max_bytes=exact).tolist() == values
+    message = refusal(proto(types_pb2.DT_STRING, [3], string_val=values), max_bytes=exact - 1)
+    assert f"({exact} bytes decoded); the limit is {exact - 1}" in message
+
+
+def test_the_tensorflow_free_dtype_names_agree_with_tensorflows() -> None:
+    from server.codec import _TABLE
+    from server.dtypes import tf_name
+
+    for entry in _TABLE:
+        assert tf_name(entry.numpy) == dtype_name(entry.enum), entry
+    assert tf_name(np.dtype(">f4")) == "DT_FLOAT"
+    with pytest.raises(InvalidInput, match="complex64"):
+        tf_name(np.dtype(np.complex64))

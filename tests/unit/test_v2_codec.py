@@ -8,6 +8,7 @@ import pytest
 
 from server.api.v2_codec import BY_NAME, datatype_of, decode_contents, decode_raw, encode_raw
 from server.errors import InvalidInput
+from server.limits import STRING_ELEMENT_BYTES
 
 MAX = 1 << 20
 
@@ -55,7 +56,7 @@ def test_datatype_names() -> None:
     (lambda: decode_raw("x", "FP32", [-1, 2], b"", MAX), "input 'x': shape [-1, 2] has a negative dimension"),
     (lambda: decode_raw("x", "FP32", [1] * 33, b"", MAX), "input 'x': shape has 33 dimensions; at most 32"),
     (lambda: decode_raw("x", "FP32", [2**31, 2**31], b"", MAX), "input 'x': shape [2147483648, 2147483648] has "
-     "4611686018427387904 elements; the limit is 1048576 bytes per tensor"),
+     "4611686018427387904 elements (18446744073709551616 bytes decoded); the limit is 1048576 bytes per tensor"),
     (lambda: decode_raw("s", "BYTES", [2], b"\1\0\0\0a\0\0", MAX), "input 's': raw BYTES contents end after 1 of 2"),
     (lambda: decode_raw("s", "BYTES", [1], b"\x09\0\0\0abc", MAX), "input 's': BYTES element 0 declares 9 bytes; "
      "only 3 remain"),
@@ -72,3 +73,15 @@ def test_refusals_name_the_tensor_and_the_problem(call: object, message: str) ->
     with pytest.raises(InvalidInput) as caught:
         call()  # type: ignore[operator]
     assert str(caught.value).startswith(message), str(caught.value)
+
+
+def test_bytes_are_counted_by_their_lengths_plus_what_each_element_costs() -> None:
+    raw = b"".join(len(v).to_bytes(4, "little") + v for v in (b"x" * 100, b"", b"yz"))
+    exact = 102 + 3 * STRING_ELEMENT_BYTES
+    assert decode_raw("s", "BYTES", [3], raw, exact).tolist() == [b"x" * 100, b"", b"yz"]
+    with pytest.raises(InvalidInput, match=f"\\({exact} bytes decoded\\); the limit is {exact - 1}"):
+        decode_raw("s", "BYTES", [3], raw, exact - 1)
+    typed = {"bytes_contents": [b"x" * 100, b"", b"yz"]}
+    assert decode_contents("s", "BYTES", [3], typed, exact).tolist() == [b"x" * 100, b"", b"yz"]
+    with pytest.raises(InvalidInput, match=f"\\({exact} bytes decoded\\)"):
+        decode_contents("s", "BYTES", [3], typed, exact - 1)

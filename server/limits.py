@@ -1,0 +1,68 @@
+"""How big a decoded tensor may be, counted in the bytes it will really take. Pure: no protos.
+
+Every codec (TF Serving's TensorProto, the Open Inference Protocol's tensors, both REST bodies)
+checks a tensor here against --max-message-bytes before allocating it where it can, so a small
+message cannot decode to gigabytes: a shape is checked against its smallest possible size first,
+then strings by their lengths, and a single value that fills a shape by the whole result.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from server.errors import InvalidInput
+
+MAX_RANK = 32
+STRING_ELEMENT_BYTES = 8 + sys.getsizeof(b"")
+"""What an element of a string tensor costs the server besides its own bytes: the pointer an array
+of strings holds for it and the header of the Python bytes object it points at (41 bytes on 64-bit
+CPython). Counted so that millions of empty strings, 2 bytes each on the wire, are not free: at
+the default 64 MiB limit a string tensor has at most about 1.6 million elements."""
+
+
+def check_shape(shape: Sequence[int], where: str, max_bytes: int, element_bytes: int) -> tuple[int, ...]:
+    """The shape as a tuple, refused when it could not be a real tensor of at most max_bytes whose
+    elements take at least `element_bytes` each."""
+    dims = tuple(int(d) for d in shape)
+    if len(dims) > MAX_RANK:
+        raise InvalidInput(f"{where}: shape has {len(dims)} dimensions; at most {MAX_RANK} are supported")
+    if any(d < 0 for d in dims):
+        raise InvalidInput(f"{where}: shape {list(dims)} has a negative dimension")
+    count = math.prod(dims)
+    if any(d > max_bytes for d in dims):
+        raise_too_large(where, dims, count * element_bytes, max_bytes)
+    check_bytes(where, dims, count * element_bytes, max_bytes)
+    return dims
+
+
+def string_bytes(lengths: Iterable[int], count: int) -> int:
+    """Decoded size of `count` strings whose lengths are `lengths`."""
+    return sum(lengths) + STRING_ELEMENT_BYTES * count
+
+
+def array_bytes(array: np.ndarray) -> int:
+    """Decoded size of an array: its buffer, and for strings their lengths too."""
+    if array.dtype != object:
+        return int(array.nbytes)
+    return string_bytes((len(v) for v in array.flat if isinstance(v, bytes | str)), array.size)
+
+
+def check_bytes(where: str, shape: Sequence[int], decoded: int, max_bytes: int) -> None:
+    if decoded > max_bytes:
+        raise_too_large(where, shape, decoded, max_bytes)
+
+
+def check_array(where: str, array: np.ndarray, max_bytes: int) -> np.ndarray:
+    """The array, unless it takes more than max_bytes (for arrays only built after parsing, as
+    from JSON, where the body's own limit bounded the parse)."""
+    check_bytes(where, array.shape, array_bytes(array), max_bytes)
+    return array
+
+
+def raise_too_large(where: str, shape: Sequence[int], decoded: int, max_bytes: int) -> None:
+    raise InvalidInput(f"{where}: shape {list(shape)} has {math.prod(shape)} elements ({decoded} bytes decoded); "
+                       f"the limit is {max_bytes} bytes per tensor (--max-message-bytes)")
