@@ -86,6 +86,22 @@ class Settings:
     """After that GOAWAY, how long calls already on the old connection may take to finish."""
     event_loop: str
     """uvloop (the default: less CPU per request) or asyncio (the standard library's loop)."""
+    grpc_bind_address: str
+    """Address the gRPC port listens on; empty (the default) for every interface."""
+    rest_bind_address: str
+    """Address the HTTP port (and --metrics-port) listens on; empty (the default) for every interface."""
+    grpc_max_concurrent_streams: int
+    """HTTP/2 streams one client connection may have open at once; with grpc's overload protection,
+    streams a client resets still count until freed, which is what stops a rapid-reset flood."""
+    enable_model_management: bool
+    """Whether calls that change the served models (HandleReloadConfigRequest) are allowed at all;
+    off by default, when they are PERMISSION_DENIED."""
+    admin_token_file: str | None
+    """Tokens that model management calls must carry (authorization: Bearer TOKEN), one per line,
+    optionally 'NAME TOKEN' to log a name; with mutual TLS a client certificate is enough."""
+    model_roots: tuple[str, ...]
+    """Folders a model management call may point a base path into (symlinks resolved); empty: the
+    folders holding the start-up models."""
 
     @property
     def tls_mode(self) -> str:
@@ -234,11 +250,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--event-loop", choices=event_loop.NAMES, default=event_loop.NAMES[0],
                    help="event loop that runs gRPC, batching and metrics: uvloop (default; less CPU per "
                         "request) or asyncio (the standard library's)")
+    p.add_argument("--grpc-bind-address", default="", metavar="ADDRESS",
+                   help="address the gRPC port listens on (default: every interface)")
+    p.add_argument("--rest-bind-address", default="", metavar="ADDRESS",
+                   help="address the HTTP port and --metrics-port listen on (default: every interface)")
+    p.add_argument("--grpc-max-concurrent-streams", type=_positive_int, default=256,
+                   help="HTTP/2 streams one gRPC connection may have open at once; streams a client resets "
+                        "count until freed, which throttles a rapid-reset flood (default 256)")
+    p.add_argument("--enable-model-management", action="store_true", default=False,
+                   help="allow calls that change the served models (ModelService/HandleReloadConfigRequest); "
+                        "each must carry a token of --admin-token-file, or come over mutual TLS (default: off, "
+                        "such calls are PERMISSION_DENIED)")
+    p.add_argument("--admin-token-file", default=None, metavar="FILE",
+                   help="tokens model management calls must carry as 'authorization: Bearer TOKEN', one per "
+                        "line, optionally 'NAME TOKEN' (the name is logged, never the token)")
+    p.add_argument("--model-root", dest="model_roots", action="append", default=None, metavar="DIR",
+                   help="a folder model management calls may point base paths into, symlinks resolved "
+                        f"(repeatable; in the environment, separated by '{os.pathsep}'; default: the folders "
+                        "holding the start-up models)")
     return p
 
 
 def _env_name(action: argparse.Action) -> str:
+    if isinstance(action, argparse._AppendAction):  # --model-root: MIRRORSERVE_MODEL_ROOT
+        return ENV_PREFIX + action.option_strings[0].lstrip("-").replace("-", "_").upper()
     return ENV_PREFIX + action.dest.upper()
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def _from_environment(action: argparse.Action, raw: str) -> object:
+    """A flag's value from its environment variable: switches take true/false, repeatable flags a
+    list separated like PATH."""
+    if isinstance(action, argparse._StoreTrueAction):
+        if raw.strip().lower() not in _TRUE + _FALSE:
+            raise ValueError(f"must be one of {', '.join(_TRUE + _FALSE[:-1])}")
+        return raw.strip().lower() in _TRUE
+    if isinstance(action, argparse._AppendAction):
+        return [part for part in raw.split(os.pathsep) if part]
+    return action.type(raw) if callable(action.type) else raw
 
 
 def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
@@ -253,11 +304,15 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         if raw is None:
             continue
         try:
-            env_defaults[action.dest] = action.type(raw) if callable(action.type) else raw
+            env_defaults[action.dest] = _from_environment(action, raw)
         except (argparse.ArgumentTypeError, ValueError) as exc:
             parser.error(f"{_env_name(action)}={raw!r}: {exc}")
-    parser.set_defaults(**env_defaults)
+    appended = {a.dest for a in parser._actions if isinstance(a, argparse._AppendAction)}
+    parser.set_defaults(**{k: v for k, v in env_defaults.items() if k not in appended})
     ns = parser.parse_args(argv)
+    for dest in appended:  # argparse would add command-line values to the default list: the line wins
+        if getattr(ns, dest) is None:
+            setattr(ns, dest, env_defaults.get(dest))
     if (ns.tls_cert_file is None) != (ns.tls_key_file is None):
         parser.error("--tls-cert-file and --tls-key-file go together")
     if ns.tls_client_ca_file is not None and ns.tls_cert_file is None:
@@ -284,5 +339,11 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
             "demo" if ns.model_base_path is None
             else os.path.basename(os.path.normpath(ns.model_base_path))
         )
+    ns.model_roots = tuple(ns.model_roots or ())
+    if ns.admin_token_file is not None and not ns.enable_model_management:
+        parser.error("--admin-token-file is for model management calls; give --enable-model-management too")
+    if ns.enable_model_management and ns.admin_token_file is None and ns.tls_client_ca_file is None:
+        parser.error("--enable-model-management needs a credential: --admin-token-file, or mutual TLS "
+                     "(--tls-client-ca-file)")
     fields = {f.name for f in dataclasses.fields(Settings)}
     return Settings(**{k: v for k, v in vars(ns).items() if k in fields})

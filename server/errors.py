@@ -38,3 +38,24 @@ class TooLarge(Overloaded):
 
 class Unimplemented(ServingError):
     """A method of a protocol that this server does not serve."""
+
+
+class ClientGone(ServingError):
+    """The client went away while its request was being read (CANCELLED; nobody to answer)."""
+
+
+class TooLargeInput(InvalidInput):
+    """A tensor that would decode past --max-message-bytes (INVALID_ARGUMENT, as a shape that cannot
+    be served; a refusal all the same, and logged as one)."""
+
+
+class UnsupportedEncoding(InvalidInput):
+    """An HTTP body in a Content-Encoding the server does not decode (HTTP 415)."""
+
+
+class PermissionDenied(ServingError):
+    """The call changes what the server runs, and that is switched off or not this caller's to do."""
+
+
+class Unauthenticated(ServingError):
+    """The call needs a credential (an admin token or a client certificate) and carries none that is valid."""

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from server.errors import InvalidInput
+from server.errors import InvalidInput, TooLargeInput
 
 MAX_RANK = 32
 STRING_ELEMENT_BYTES = 8 + sys.getsizeof(b"")
@@ -64,5 +64,18 @@ def check_array(where: str, array: np.ndarray, max_bytes: int) -> np.ndarray:
 
 
 def raise_too_large(where: str, shape: Sequence[int], decoded: int, max_bytes: int) -> None:
-    raise InvalidInput(f"{where}: shape {list(shape)} has {math.prod(shape)} elements ({decoded} bytes decoded); "
+    raise TooLargeInput(f"{where}: shape {list(shape)} has {math.prod(shape)} elements ({decoded} bytes decoded); "
                        f"the limit is {max_bytes} bytes per tensor (--max-message-bytes)")
+
+
+MAX_VERSION = 2**63 - 1
+"""Versions are int64s, as in TF Serving's ModelSpec."""
+
+
+def version_number(text: str) -> int | None:
+    """The version a folder name or URL segment names: ASCII digits only (str.isdigit also takes
+    other scripts' digits, which int() reads), at most an int64; else None."""
+    if not (0 < len(text) <= 19 and text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if value <= MAX_VERSION else None

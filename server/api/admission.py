@@ -1,14 +1,18 @@
-"""What every inference front-end does the same way around a call: counting the calls that
-reached a handler and left it (for the drain), refusing new ones once a drain refuses, and the
-client's deadline on the server's clock."""
+"""What every front-end does the same way around a call: the bound on calls in progress at once
+(--max-concurrent-rpcs, over gRPC and REST together), counting the inference calls that reached a
+handler and left it (for the drain), refusing new ones once a drain refuses, and the client's
+deadline on the server's clock."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
 
 from server.api.recording import Recorder
+from server.errors import Overloaded
 
 REFUSED = "the server is shutting down; retry on another replica"
 
@@ -19,7 +23,7 @@ class Admission:
     answered UNAVAILABLE at once and is not counted as accepted."""
 
     def __init__(self, recorder: Recorder) -> None:
-        self._recorder = recorder
+        self.recorder = self._recorder = recorder
         self.accepted = 0
         self.answered = 0
         self._refusing = False
@@ -43,6 +47,44 @@ class Admission:
     async def refuse(self, method: str, context: grpc.aio.ServicerContext, started: float) -> None:
         """Answer UNAVAILABLE (counted) because the server is draining; raises, as abort does."""
         await context.abort(grpc.StatusCode.UNAVAILABLE, self.refused(method, started))
+
+
+class ConcurrencyLimit:
+    """Calls in progress at once on every front-end together. A call beyond the limit is refused
+    at once, RESOURCE_EXHAUSTED (REST 429), counted and logged like any refusal, before its
+    message is decoded. (grpc's own maximum_concurrent_rpcs refuses before our code runs, so
+    those refusals could not be counted; and a burst it let through to grpc's pending queue came
+    back CANCELLED.)"""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.active = 0
+
+    def full(self) -> bool:
+        return self.active >= self.limit
+
+    def refusal(self) -> Overloaded:
+        return Overloaded(f"{self.active} requests are in progress; the limit is {self.limit} "
+                          f"(--max-concurrent-rpcs); retry later")
+
+
+GrpcBehavior = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+def limited(behavior: GrpcBehavior, limit: ConcurrencyLimit, recorder: Recorder, method: str) -> GrpcBehavior:
+    """A gRPC handler within the concurrency limit: refused RESOURCE_EXHAUSTED (counted) beyond it."""
+
+    async def handler(raw: Any, context: grpc.aio.ServicerContext) -> Any:
+        if limit.active >= limit.limit:
+            code, message = recorder.failed(method, limit.refusal(), time.perf_counter(), peer=context.peer())
+            await context.abort(code, message)
+        limit.active += 1
+        try:
+            return await behavior(raw, context)
+        finally:
+            limit.active -= 1
+
+    return handler
 
 
 def deadline_of(context: grpc.aio.ServicerContext) -> float | None:

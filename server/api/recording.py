@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 
 from server import metrics
+from server.api.refusals import REFUSAL_LOG, is_refusal
 from server.api.status import status_for
 from server.core.servables import Registry, Servable
 from server.errors import ModelFailure
@@ -44,17 +45,20 @@ class Recorder:
         pair[1].observe(time.perf_counter() - started)
 
     def failed(self, method: str, exc: BaseException, started: float, servable: Servable | None = None,
-               name: str = "") -> tuple[grpc.StatusCode, str]:
+               name: str = "", peer: str = "") -> tuple[grpc.StatusCode, str]:
         """Account for a request that raised: count a model failure against its version, map the
-        exception to its status and message (server.api.status), and record it."""
+        exception to its status and message (server.api.status), record it, and log it if it is a
+        refusal (server.api.refusals)."""
         if isinstance(exc, ModelFailure) and servable is not None:
             metrics.MODEL_FAILURES.labels(servable.name, str(servable.version)).inc()
         code, message = status_for(exc)
         self.record(method, code, started, servable, name)
+        if is_refusal(exc):
+            REFUSAL_LOG.refused(f"{self._protocol} {method} ({code.name}, {type(exc).__name__})", message, peer)
         return code, message
 
     async def fail(self, method: str, exc: BaseException, context: grpc.aio.ServicerContext, started: float,
                    servable: Servable | None = None, name: str = "") -> None:
         """End an RPC that raised: failed(), then abort with that status (which raises)."""
-        code, message = self.failed(method, exc, started, servable, name)
+        code, message = self.failed(method, exc, started, servable, name, context.peer())
         await context.abort(code, message)

@@ -3,13 +3,16 @@ Inference Protocol's (/v2, server.api.rest_v2) and the Prometheus page (/metrics
 /monitoring/prometheus/metrics), served by aiohttp on the server's own event loop.
 
 What both REST APIs share lives here: JSON answers and `{"error": "..."}` failures with the HTTP
-status of the one status table (server.api.status), the body-size limit (checked against
-Content-Length before reading, and while reading), the client's deadline from the `Grpc-Timeout`
-header (gRPC's own format, as grpc-gateway reads it), and a bound on requests handled at once.
+status of the one status table (server.api.status), the client's deadline from the `Grpc-Timeout`
+header (gRPC's own format, as grpc-gateway reads it), and the bound on requests handled at once
+(shared with gRPC). Bodies are read by server.api.rest_body; aiohttp neither decompresses them nor
+lingers over one a handler did not read (it closes the connection instead), and a request it
+cannot parse is counted and logged as a refusal, without a traceback.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import socket
 import ssl
@@ -17,14 +20,17 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import grpc
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server.api import json_codec
-from server.api.admission import Admission
+from server.api.admission import Admission, ConcurrencyLimit
+from server.api.refusals import count_refusal
 from server.api.status import http_status_for
 from server.core.servables import Servable
-from server.errors import InvalidInput, TooLarge
+from server.errors import InvalidInput
 
 DEADLINE_HEADER = "Grpc-Timeout"
 METRICS_PATHS = ("/metrics", "/monitoring/prometheus/metrics")
@@ -37,8 +43,17 @@ def json_response(value: Any, status: int = 200) -> web.Response:
     return web.Response(body=json_codec.dumps(value), status=status, content_type="application/json")
 
 
+CLOSE_AFTER = (413, 415)
+"""Answers after which the connection is closed: the body was refused for what it is, and the rest
+of it is not worth reading. (A body left unread otherwise closes the connection too: aiohttp is
+told not to linger over it.)"""
+
+
 def error_response(status: int, message: str) -> web.Response:
-    return json_response({"error": message}, status)
+    response = json_response({"error": message}, status)
+    if status in CLOSE_AFTER:
+        response.force_close()
+    return response
 
 
 def deadline_of(request: web.Request) -> float | None:
@@ -53,73 +68,97 @@ def deadline_of(request: web.Request) -> float | None:
     return time.monotonic() + int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The whole body, refused (413) once it is over `limit` bytes, before it is read when the
-    client declared its length."""
-    declared = request.content_length
-    if declared is not None and declared > limit:
-        raise TooLarge(f"the body has {declared} bytes; the limit is {limit} (--max-message-bytes)")
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise TooLarge(f"the body is over the limit of {limit} bytes (--max-message-bytes)") from None
-
-
 class RestFrontEnd(Admission):
     """An inference REST API: counted for the drain like the gRPC front-ends, and failing through
     the same recorder and status table."""
 
     def failure(self, method: str, exc: BaseException, started: float, servable: Servable | None = None,
-                name: str = "") -> web.Response:
-        code, message = self._recorder.failed(method, exc, started, servable, name)
+                name: str = "", peer: str | None = None) -> web.Response:
+        code, message = self._recorder.failed(method, exc, started, servable, name, peer or "")
         return error_response(http_status_for(exc, code), message)
 
     def refusal(self, method: str, started: float) -> web.Response:
         return error_response(503, self.refused(method, started))
 
 
-def _limit_concurrency(limit: int) -> Any:
-    """Refuse (429) a request beyond `limit` in progress, before its body is read; and answer the
-    router's own failures (unknown path, wrong method) as JSON errors too."""
-    active = 0
+def route_of(method: str, path: str) -> tuple[str, str]:
+    """(protocol, method) labels of a request refused before its handler ran, from its URL alone."""
+    if path.startswith("/v1/"):
+        verb = path.rpartition(":")[2] if ":" in path.rpartition("/")[2] else ""
+        if verb:
+            return "tfserving-rest", verb[:1].upper() + verb[1:] if verb in ("predict", "classify", "regress") else ""
+        return "tfserving-rest", "GetModelMetadata" if path.endswith("/metadata") else "GetModelStatus"
+    if path.startswith("/v2"):
+        for suffix, name in (("/infer", "ModelInfer"), ("/ready", "ModelReady"), ("/live", "ServerLive")):
+            if path.endswith(suffix):
+                return "v2-rest", "ServerReady" if path == "/v2/health/ready" else name
+        return "v2-rest", "ModelMetadata" if path.startswith("/v2/models/") else "ServerMetadata"
+    return "http", "Metrics" if path in METRICS_PATHS else ""
+
+
+def _limit_concurrency(limit: ConcurrencyLimit) -> Any:
+    """Refuse (429) a request beyond the limit in progress, before its body is read (counted and
+    logged as a refusal); and answer the router's own failures (unknown path, wrong method) as
+    JSON errors too."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        nonlocal active
-        if active >= limit:
-            return error_response(429, f"{active} requests are in progress; the limit is {limit} "
-                                       f"(--max-concurrent-rpcs); retry later")
-        active += 1
+        if limit.full():
+            refusal = limit.refusal()
+            protocol, method = route_of(request.method, request.path)
+            count_refusal(protocol, method, grpc.StatusCode.RESOURCE_EXHAUSTED, str(refusal), request.remote or "")
+            return error_response(429, str(refusal))
+        limit.active += 1
         try:
             return await handler(request)
         except web.HTTPException as exc:
-            return error_response(exc.status, f"{exc.reason}: {request.method} {request.path}")
+            return error_response(exc.status, f"{exc.reason}: {request.method} {request.path[:200]}")
         finally:
-            active -= 1
+            limit.active -= 1
 
     return middleware
+
+
+class _MalformedRequests(logging.Filter):
+    """aiohttp logs a request it cannot parse (a 100 KB URL, a bad header line) as an ERROR with a
+    traceback; here it is a refusal: counted, logged as one, and its traceback dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        peer = str(record.args[0]) if isinstance(record.args, tuple) and record.args else ""
+        detail = f"{type(exc).__name__}: {str(exc.message)[:200]}"
+        count_refusal("http", "", grpc.StatusCode.INVALID_ARGUMENT, detail, peer)
+        return False
 
 
 async def _metrics_page(request: web.Request) -> web.Response:
     return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def build_app(routes: list[web.RouteDef], max_body_bytes: int, max_concurrent: int) -> web.Application:
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[_limit_concurrency(max_concurrent)])
+def build_app(routes: list[web.RouteDef], max_body_bytes: int, limit: ConcurrencyLimit) -> web.Application:
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[_limit_concurrency(limit)])
     app.add_routes(routes)
     app.add_routes([web.get(path, _metrics_page) for path in METRICS_PATHS])
     return app
 
 
-def _listening_socket(port: int) -> socket.socket:
-    """One socket for IPv6 and IPv4 both (so port 0 gets one port), or IPv4 alone without IPv6."""
-    try:
-        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        address: tuple[str, int] = ("::", port)
-    except OSError:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        address = ("0.0.0.0", port)
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """The listening socket: on every interface (host "" or "::"), one socket for IPv6 and IPv4
+    both (so port 0 gets one port), or IPv4 alone without IPv6; else on the address given."""
+    if host in ("", "::"):
+        try:
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            address: tuple[Any, ...] = ("::", port)
+        except OSError:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            address = ("0.0.0.0", port)
+    else:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                      flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(address)
     sock.listen(1024)
@@ -129,11 +168,16 @@ def _listening_socket(port: int) -> socket.socket:
 
 class RestServer:
     def __init__(self, app: web.Application) -> None:
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        # auto_decompress off: server.api.rest_body decompresses, bounded. lingering_time 0: a body
+        # a handler refused unread is not read (and decompressed) to keep the connection; the
+        # connection is closed after the answer instead.
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None, auto_decompress=False,
+                                     lingering_time=0)
+        logging.getLogger("aiohttp.server").addFilter(_MALFORMED)
 
-    async def start(self, port: int, ssl_context: ssl.SSLContext | None) -> int:
-        """Listen on `port` (0: any free one); the port bound."""
-        sock = _listening_socket(port)
+    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
+        """Listen on `host`:`port` (0: any free port); the port bound."""
+        sock = _listening_socket(host, port)
         await self._runner.setup()
         await web.SockSite(self._runner, sock, ssl_context=ssl_context).start()
         return int(sock.getsockname()[1])
@@ -141,3 +185,6 @@ class RestServer:
     async def stop(self) -> None:
         """Close the listener and every connection (callers wait for in-flight requests first)."""
         await self._runner.cleanup()
+
+
+_MALFORMED = _MalformedRequests()

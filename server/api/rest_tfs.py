@@ -19,15 +19,17 @@ import grpc
 from aiohttp import web
 from google.protobuf import json_format
 
-from server.api import json_codec, rest, tfs_json
+from server.api import rest, tfs_json
 from server.api.recording import Recorder
+from server.api.rest_body import BodyDecoder, read_body
 from server.api.tfs import signature_def_map
 from server.api.tfs_model_service import model_status
 from server.core.servables import Registry, Servable
 from server.errors import InvalidInput, NotFound, Unimplemented
+from server.limits import MAX_VERSION, version_number
 
 PROTOCOL = "tfserving-rest"
-_PATH = re.compile(r"/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+)|/labels/(?P<label>[^/:]+))?"
+_PATH = re.compile(r"/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
                    r"(?P<suffix>/metadata|:[A-Za-z]+)?")
 VERBS = (":predict", ":classify", ":regress")
 
@@ -38,10 +40,11 @@ def _proto_json(message: Any) -> Any:
 
 
 class TfsRest(rest.RestFrontEnd):
-    def __init__(self, registry: Registry, max_body_bytes: int) -> None:
+    def __init__(self, registry: Registry, max_body_bytes: int, decoder: BodyDecoder) -> None:
         super().__init__(Recorder(registry, PROTOCOL))
         self._registry = registry
         self._max_body_bytes = max_body_bytes
+        self._decoder = decoder
 
     def routes(self) -> list[web.RouteDef]:
         return [web.get("/v1/{tail:.*}", self.get), web.post("/v1/{tail:.*}", self.post)]
@@ -53,9 +56,12 @@ class TfsRest(rest.RestFrontEnd):
         if match is None:
             raise NotFound(f"no such URL: {request.path}; the API is /v1/models/NAME[/versions/N|/labels/L]"
                            f"[/metadata|:predict]")
-        version = match.group("version")
-        return (match.group("name"), None if version is None else int(version), match.group("label"),
-                match.group("suffix") or "")
+        text = match.group("version")
+        version = None if text is None else version_number(text)
+        if text is not None and version is None:
+            raise InvalidInput(f"version '{text[:40]}' in the URL is not a version number (ASCII digits, at most "
+                               f"{MAX_VERSION})")
+        return match.group("name"), version, match.group("label"), match.group("suffix") or ""
 
     async def get(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
@@ -93,18 +99,31 @@ class TfsRest(rest.RestFrontEnd):
                     raise Unimplemented(f"'{suffix[1:]}' is not served here; use :predict")
                 raise InvalidInput(f"POST takes :predict, not '{suffix or request.path}'")
             deadline = rest.deadline_of(request)
-            raw = await rest.read_body(request, self._max_body_bytes)
-            signature_name, value, row_format = tfs_json.parse_predict(json_codec.loads(raw))
             servable = self._registry.resolve(name, version, label)
             predictor = servable.predictor
             assert predictor is not None
+            raw = await read_body(request, self._max_body_bytes)
+            signature_name, row_format, inputs = await self._decoder.decode(
+                len(raw), tfs_json.decode_predict_body, raw, _input_specs(servable), self._max_body_bytes)
             signature = predictor.signature(signature_name)
-            inputs = tfs_json.decode_inputs(value, row_format, signature.inputs)
+            assert inputs is not None  # decoded for every signature predictor.signature() accepts
             answer = await predictor.predict(signature, inputs, (), deadline)
             response = rest.json_response(tfs_json.encode_outputs(answer.outputs, row_format))
             self._recorder.record("Predict", grpc.StatusCode.OK, started, servable, name)
             return response
         except Exception as exc:
-            return self.failure("Predict", exc, started, servable, name)
+            return self.failure("Predict", exc, started, servable, name, request.remote)
         finally:
             self.answered += 1
+
+
+def _input_specs(servable: Servable) -> dict[str, Any]:
+    """Each servable signature's input specs, what decoding a body needs (built once a version)."""
+    specs = servable.cache.get("input-specs")
+    if specs is None:
+        predictor = servable.predictor
+        assert predictor is not None
+        model = predictor.model
+        specs = servable.cache["input-specs"] = {name: dict(signature.inputs) for name, signature
+                                                 in model.signatures.items() if name not in model.unservable}
+    return specs

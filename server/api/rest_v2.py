@@ -18,8 +18,9 @@ from collections.abc import Callable
 import grpc
 from aiohttp import web
 
-from server.api import json_codec, rest, v2_json, v2_model
+from server.api import rest, v2_json, v2_model
 from server.api.recording import Recorder
+from server.api.rest_body import BodyDecoder, read_body
 from server.core.servables import Registry, Servable
 
 PROTOCOL = "v2-rest"
@@ -27,11 +28,13 @@ EXTENSIONS = ["binary_tensor_data"]
 
 
 class V2Rest(rest.RestFrontEnd):
-    def __init__(self, registry: Registry, max_body_bytes: int, ready: Callable[[], bool]) -> None:
+    def __init__(self, registry: Registry, max_body_bytes: int, ready: Callable[[], bool],
+                 decoder: BodyDecoder) -> None:
         """`ready`: whether the server as a whole is ready, as health says."""
         super().__init__(Recorder(registry, PROTOCOL))
         self._registry = registry
         self._max_body_bytes = max_body_bytes
+        self._decoder = decoder
         self._ready = ready
         self._metadata = {"name": v2_model.SERVER_NAME, "version": v2_model.server_version(),
                           "extensions": EXTENSIONS}
@@ -97,9 +100,10 @@ class V2Rest(rest.RestFrontEnd):
         try:
             servable = self._resolve(request)
             deadline = rest.deadline_of(request)
-            raw = await rest.read_body(request, self._max_body_bytes)
-            header, binary = v2_json.split_body(raw, request.headers.get(v2_json.HEADER_LENGTH))
-            infer = v2_json.parse_infer(json_codec.loads(header), binary, self._max_body_bytes)
+            raw = await read_body(request, self._max_body_bytes)
+            json_length = request.headers.get(v2_json.HEADER_LENGTH)
+            infer = await self._decoder.decode(v2_json.json_bytes(raw, json_length), v2_json.decode_infer_body,
+                                               raw, json_length, self._max_body_bytes)
             if infer.timeout_us is not None:
                 until = time.monotonic() + infer.timeout_us / 1e6
                 deadline = until if deadline is None else min(deadline, until)
@@ -115,6 +119,6 @@ class V2Rest(rest.RestFrontEnd):
             return web.Response(body=body, content_type="application/octet-stream",
                                 headers={v2_json.HEADER_LENGTH: str(header_length)})
         except Exception as exc:
-            return self.failure("ModelInfer", exc, started, servable, name)
+            return self.failure("ModelInfer", exc, started, servable, name, request.remote)
         finally:
             self.answered += 1

@@ -12,15 +12,20 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from server.errors import (
+    ClientGone,
     DeadlineExceeded,
     InvalidInput,
     ModelFailure,
     NotFound,
     Overloaded,
+    PermissionDenied,
     ServingError,
     TooLarge,
+    TooLargeInput,
+    Unauthenticated,
     Unavailable,
     Unimplemented,
+    UnsupportedEncoding,
 )
 
 log = logging.getLogger("server.api.tfs")
@@ -34,6 +39,11 @@ STATUS_FOR: dict[type[ServingError], grpc.StatusCode] = {
     Unavailable: grpc.StatusCode.UNAVAILABLE,
     ModelFailure: grpc.StatusCode.INTERNAL,
     Unimplemented: grpc.StatusCode.UNIMPLEMENTED,
+    UnsupportedEncoding: grpc.StatusCode.INVALID_ARGUMENT,
+    TooLargeInput: grpc.StatusCode.INVALID_ARGUMENT,
+    ClientGone: grpc.StatusCode.CANCELLED,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
 }
 
 _CODE = grpc.StatusCode
@@ -48,8 +58,13 @@ HTTP_STATUS_FOR: dict[grpc.StatusCode, int] = {
 
 
 def http_status_for(exc: BaseException, code: grpc.StatusCode) -> int:
-    """The HTTP status of a failed REST request: the code's, except 413 for a body too large."""
-    return 413 if isinstance(exc, TooLarge) else HTTP_STATUS_FOR[code]
+    """The HTTP status of a failed REST request: the code's, except 413 for a body too large and
+    415 for a body in an encoding the server does not decode."""
+    if isinstance(exc, TooLarge):
+        return 413
+    if isinstance(exc, UnsupportedEncoding):
+        return 415
+    return HTTP_STATUS_FOR[code]
 
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:

@@ -12,7 +12,7 @@ import grpc
 
 from protos.tensorflow_serving import get_model_metadata_pb2, model_pb2, predict_pb2, prediction_service_pb2
 from server import codec
-from server.api.admission import Admission, deadline_of
+from server.api.admission import Admission, ConcurrencyLimit, GrpcBehavior, deadline_of, limited
 from server.api.recording import Recorder
 from server.api.status import parse
 from server.core.servables import Registry, Servable
@@ -139,15 +139,18 @@ class PredictionServicer(Admission):
         self._recorder.record(method, code, started, servable, name)
 
 
-def add_to_server(servicer: PredictionServicer, server: grpc.aio.Server) -> None:
-    """Register the PredictionService methods, names taken from the service descriptor."""
+def add_to_server(servicer: PredictionServicer, server: grpc.aio.Server, limit: ConcurrencyLimit) -> None:
+    """Register the PredictionService methods, names taken from the service descriptor, each
+    within the server's concurrency limit."""
     service = SERVICE
+    responses: dict[str, tuple[GrpcBehavior, Any]] = {
+        "Predict": (servicer.predict, predict_pb2.PredictResponse),
+        "GetModelMetadata": (servicer.get_model_metadata, get_model_metadata_pb2.GetModelMetadataResponse),
+    }
     handlers = {
-        "Predict": grpc.unary_unary_rpc_method_handler(
-            servicer.predict, response_serializer=predict_pb2.PredictResponse.SerializeToString),
-        "GetModelMetadata": grpc.unary_unary_rpc_method_handler(
-            servicer.get_model_metadata,
-            response_serializer=get_model_metadata_pb2.GetModelMetadataResponse.SerializeToString),
+        method: grpc.unary_unary_rpc_method_handler(limited(behavior, limit, servicer.recorder, method),
+                                                    response_serializer=response.SerializeToString)
+        for method, (behavior, response) in responses.items()
     }
     assert set(handlers) == {m.name for m in service.methods}, "handlers and protos disagree"
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))

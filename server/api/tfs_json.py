@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 
 from server.api import json_codec
-from server.core.signatures import TensorSpec
+from server.core.signatures import DEFAULT_SIGNATURE, TensorSpec
 from server.dtypes import tf_name
 from server.errors import InvalidInput
+from server.limits import check_array
 
 FIELDS = ("signature_name", "instances", "inputs")
 BYTES_SUFFIX = "_bytes"
@@ -47,16 +48,33 @@ def _named(value: Any, specs: Mapping[str, TensorSpec]) -> bool:
     return isinstance(value, dict) and not json_codec.is_b64(value) and (len(specs) != 1 or set(value) <= set(specs))
 
 
-def decode_inputs(value: Any, row_format: bool, specs: Mapping[str, TensorSpec]) -> dict[str, np.ndarray]:
-    """The named arrays of the instances (row format) or inputs (columnar) value."""
+def decode_predict_body(raw: bytes, signatures: Mapping[str, Mapping[str, TensorSpec]], max_bytes: int
+                        ) -> tuple[str, bool, dict[str, np.ndarray] | None]:
+    """(signature name, row format, named arrays) of a predict body, given the input specs of each
+    signature that may be asked for; the arrays are None when the body asks for another (the
+    caller then says why it cannot be served). Pure and picklable: large bodies are decoded in a
+    helper process (server.api.rest_body)."""
+    signature_name, value, row_format = parse_predict(json_codec.loads(raw))
+    specs = signatures.get(signature_name or DEFAULT_SIGNATURE)
+    if specs is None:
+        return signature_name, row_format, None
+    return signature_name, row_format, decode_inputs(value, row_format, specs, max_bytes)
+
+
+def decode_inputs(value: Any, row_format: bool, specs: Mapping[str, TensorSpec],
+                  max_bytes: int | None = None) -> dict[str, np.ndarray]:
+    """The named arrays of the instances (row format) or inputs (columnar) value, each refused when
+    it takes more than max_bytes."""
     columns = _rows_to_columns(value, specs) if row_format else _columns(value, specs)
     arrays = {}
     for name, column in columns.items():
         spec = specs.get(name)
         if spec is None:
             raise InvalidInput(f"unexpected input '{name}'; the signature takes: {', '.join(sorted(specs))}")
-        arrays[name] = json_codec.array_from_json(column, spec.dtype, f"input '{name}'",
-                                                  tf_name(spec.dtype))
+        where = f"input '{name}'"
+        arrays[name] = json_codec.array_from_json(column, spec.dtype, where, tf_name(spec.dtype))
+        if max_bytes is not None:
+            check_array(where, arrays[name], max_bytes)
     return arrays
 
 

@@ -1,7 +1,9 @@
 """tensorflow.serving.ModelService over grpc.aio: every version's state (GetModelStatus) and
 replacing the model config at run time (HandleReloadConfigRequest), as TensorFlow Serving has them.
 
-HandleReloadConfigRequest checks the whole config first (names, policies, labels, base paths):
+HandleReloadConfigRequest changes what the server runs, so it is refused unless model management
+is on and the caller is authorized, and its base paths lie inside the model roots
+(server.api.control). It checks the whole config first (names, policies, labels, base paths):
 an invalid one is INVALID_ARGUMENT and changes nothing. A valid one replaces the model list; the
 call returns once every model it adds has an AVAILABLE version, or fails with UNKNOWN naming
 the models that did not become available (they stay configured and keep being retried), as TF
@@ -17,6 +19,8 @@ from typing import Any
 import grpc
 
 from protos.tensorflow_serving import get_model_status_pb2, model_management_pb2, model_service_pb2
+from server.api.admission import ConcurrencyLimit, GrpcBehavior, limited
+from server.api.control import ControlPlane, grpc_credentials
 from server.api.recording import Recorder
 from server.api.status import parse
 from server.api.tfs import PROTOCOL, version_choice
@@ -50,11 +54,14 @@ def model_status(registry: Registry, name: str, version: int | None, label: str 
 
 
 class ModelServiceServicer:
-    def __init__(self, registry: Registry, lifecycle: Callable[[], Lifecycle | None]) -> None:
-        """`lifecycle` returns None until the model worker has started."""
+    def __init__(self, registry: Registry, lifecycle: Callable[[], Lifecycle | None],
+                 control: Callable[[], ControlPlane]) -> None:
+        """`lifecycle` returns None until the model worker has started; `control` says who may
+        change the models, and where from (its roots are known once the start-up models are)."""
         self._registry = registry
         self._lifecycle = lifecycle
-        self._recorder = Recorder(registry, PROTOCOL)
+        self._control = control
+        self.recorder = self._recorder = Recorder(registry, PROTOCOL)
 
     async def get_model_status(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         started = time.perf_counter()
@@ -71,10 +78,15 @@ class ModelServiceServicer:
     async def handle_reload_config_request(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         started = time.perf_counter()
         method = "HandleReloadConfigRequest"
+        control = self._control()
+        caller = None
         try:
+            caller = control.authorize(method, context.peer(), *grpc_credentials(
+                context.invocation_metadata(), context.auth_context()))
             request = parse(model_management_pb2.ReloadConfigRequest, raw)
             try:
                 sources = from_proto(request.config, "ReloadConfigRequest.config")
+                control.check_paths(caller, method, sources)
                 check_base_paths(sources)
             except ConfigError as exc:
                 raise InvalidInput(str(exc)) from None
@@ -83,11 +95,17 @@ class ModelServiceServicer:
                 raise Unavailable("the server is starting; retry shortly")
             problems = await lifecycle.apply(sources)
         except Exception as exc:
+            if caller is not None:
+                control.done(caller, method, f"failed: {exc}")
             await self._recorder.fail(method, exc, context, started)
+        assert caller is not None  # fail() raised otherwise
+        models = ", ".join(s.name for s in sources)
         if problems:
+            control.done(caller, method, f"applied (models {models}); not available: {'; '.join(problems)}")
             self._record(method, "", grpc.StatusCode.UNKNOWN, started)
             await context.abort(grpc.StatusCode.UNKNOWN,
                                 f"{len(problems)} model(s) did not become available: {{{'; '.join(problems)}}}")
+        control.done(caller, method, f"OK: serving models {models}")
         response = model_management_pb2.ReloadConfigResponse()
         response.status.error_code = OK
         self._record(method, "", grpc.StatusCode.OK, started)
@@ -97,16 +115,19 @@ class ModelServiceServicer:
         self._recorder.record(method, code, started, None, name)
 
 
-def add_to_server(servicer: ModelServiceServicer, server: grpc.aio.Server) -> None:
-    """Register the ModelService methods, names taken from the service descriptor."""
+def add_to_server(servicer: ModelServiceServicer, server: grpc.aio.Server, limit: ConcurrencyLimit) -> None:
+    """Register the ModelService methods, names taken from the service descriptor, each within the
+    server's concurrency limit."""
     service = SERVICE
+    responses: dict[str, tuple[GrpcBehavior, Any]] = {
+        "GetModelStatus": (servicer.get_model_status, get_model_status_pb2.GetModelStatusResponse),
+        "HandleReloadConfigRequest": (servicer.handle_reload_config_request,
+                                      model_management_pb2.ReloadConfigResponse),
+    }
     handlers = {
-        "GetModelStatus": grpc.unary_unary_rpc_method_handler(
-            servicer.get_model_status,
-            response_serializer=get_model_status_pb2.GetModelStatusResponse.SerializeToString),
-        "HandleReloadConfigRequest": grpc.unary_unary_rpc_method_handler(
-            servicer.handle_reload_config_request,
-            response_serializer=model_management_pb2.ReloadConfigResponse.SerializeToString),
+        method: grpc.unary_unary_rpc_method_handler(limited(behavior, limit, servicer.recorder, method),
+                                                    response_serializer=response.SerializeToString)
+        for method, (behavior, response) in responses.items()
     }
     assert set(handlers) == {m.name for m in service.methods}, "handlers and protos disagree"
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))

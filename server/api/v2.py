@@ -18,7 +18,7 @@ from google.protobuf import json_format
 
 from protos.inference import grpc_service_pb2 as pb
 from server.api import v2_codec, v2_model
-from server.api.admission import Admission, deadline_of
+from server.api.admission import Admission, ConcurrencyLimit, GrpcBehavior, deadline_of, limited
 from server.api.recording import Recorder
 from server.api.status import parse
 from server.core.servables import Registry, Servable
@@ -142,9 +142,10 @@ def _response(request: Any, servable: Servable, signature: Signature, wanted: li
     return response
 
 
-def add_to_server(servicer: V2Servicer, server: grpc.aio.Server) -> None:
-    """Register the GRPCInferenceService methods, names taken from the service descriptor."""
-    responses: dict[str, tuple[Callable[..., Any], Any]] = {
+def add_to_server(servicer: V2Servicer, server: grpc.aio.Server, limit: ConcurrencyLimit) -> None:
+    """Register the GRPCInferenceService methods, names taken from the service descriptor, each
+    within the server's concurrency limit."""
+    responses: dict[str, tuple[GrpcBehavior, Any]] = {
         "ServerLive": (servicer.server_live, pb.ServerLiveResponse),
         "ServerReady": (servicer.server_ready, pb.ServerReadyResponse),
         "ModelReady": (servicer.model_ready, pb.ModelReadyResponse),
@@ -153,7 +154,8 @@ def add_to_server(servicer: V2Servicer, server: grpc.aio.Server) -> None:
         "ModelInfer": (servicer.model_infer, pb.ModelInferResponse),
     }
     handlers = {
-        method: grpc.unary_unary_rpc_method_handler(handler, response_serializer=response.SerializeToString)
+        method: grpc.unary_unary_rpc_method_handler(limited(handler, limit, servicer.recorder, method),
+                                                    response_serializer=response.SerializeToString)
         for method, (handler, response) in responses.items()
     }
     assert set(handlers) == {m.name for m in SERVICE.methods}, "handlers and protos disagree"

@@ -21,6 +21,7 @@ import numpy as np
 from server.api import json_codec, v2_codec
 from server.core.signatures import DEFAULT_SIGNATURE
 from server.errors import InvalidInput
+from server.limits import check_array
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 REQUEST_FIELDS = ("id", "parameters", "inputs", "outputs")
@@ -45,11 +46,29 @@ def split_body(raw: bytes, header_length: str | None) -> tuple[bytes, memoryview
     if header_length is None:
         return raw, memoryview(b"")
     text = header_length.strip()
-    if not text.isdigit() or int(text) > len(raw):
-        raise InvalidInput(f"{HEADER_LENGTH} is '{header_length}'; it must be the JSON part's length in bytes, "
+    if not _is_count(text) or int(text) > len(raw):
+        raise InvalidInput(f"{HEADER_LENGTH} is '{header_length[:40]}'; it must be the JSON part's length in bytes, "
                            f"at most the body's {len(raw)}")
     length = int(text)
     return raw[:length], memoryview(raw)[length:]
+
+
+def decode_infer_body(raw: bytes, header_length: str | None, max_bytes: int) -> InferRequest:
+    """The request of a whole body (JSON, or JSON and binary tensors). Pure and picklable: large
+    bodies are decoded in a helper process (server.api.rest_body)."""
+    header, binary = split_body(raw, header_length)
+    return parse_infer(json_codec.loads(header), binary, max_bytes)
+
+
+def json_bytes(raw: bytes, header_length: str | None) -> int:
+    """How much of a body is JSON (what decoding it costs scales with)."""
+    text = (header_length or "").strip()
+    return min(int(text), len(raw)) if _is_count(text) else len(raw)
+
+
+def _is_count(text: str) -> bool:
+    """ASCII digits only (str.isdigit also takes other scripts' digits), and few enough for int()."""
+    return 0 < len(text) <= 19 and text.isascii() and text.isdigit()
 
 
 def _object(value: Any, where: str, known: tuple[str, ...]) -> dict[str, Any]:
@@ -132,7 +151,7 @@ def _input(tensor: Any, index: int, binary: memoryview, max_bytes: int) -> tuple
     if entry is None:
         raise InvalidInput(f"{where}: unknown datatype '{datatype}'; supported: {', '.join(v2_codec.BY_NAME)}")
     dims = v2_codec.checked_shape(shape, entry, where, max_bytes)
-    array = json_codec.array_from_json(tensor["data"], entry.numpy, where, datatype)
+    array = check_array(where, json_codec.array_from_json(tensor["data"], entry.numpy, where, datatype), max_bytes)
     count = math.prod(dims)
     if array.size != count:
         raise InvalidInput(f"{where}: shape {list(dims)} needs {count} values, got {array.size} in data")

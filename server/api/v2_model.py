@@ -10,6 +10,7 @@ from server.api import v2_codec
 from server.core.servables import Registry, Servable
 from server.core.signatures import DEFAULT_SIGNATURE, Signature
 from server.errors import InvalidInput, NotFound, Unavailable
+from server.limits import MAX_VERSION, version_number
 
 SERVER_NAME = "mirrorserve"
 PLATFORM = "tensorflow_savedmodel"
@@ -27,9 +28,10 @@ def parse_version(text: str, where: str) -> int | None:
     """A version string: empty for the highest available, else a number."""
     if not text:
         return None
-    if not text.isdigit():
-        raise InvalidInput(f"{where} '{text}' is not a version number")
-    return int(text)
+    version = version_number(text)
+    if version is None:
+        raise InvalidInput(f"{where} '{text[:40]}' is not a version number (ASCII digits, at most {MAX_VERSION})")
+    return version
 
 
 def is_ready(registry: Registry, name: str, version_text: str) -> bool:

@@ -317,7 +317,7 @@ class Lifecycle:
         metrics.MODEL_READY.labels(*labels).set(0)
         self._on_change()
         fields = _fields(servable.name, servable.version)
-        log.info("unloading model=%s version=%d: finishing its queued requests", *labels, extra=fields)
+        log.info("unloading model=%s version=%s: finishing its queued requests", *labels, extra=fields)
         predictor = servable.predictor
         if predictor is not None:
             await predictor.batcher.drain()
@@ -330,7 +330,7 @@ class Lifecycle:
         self._by_id.pop(servable.id, None)
         metrics.forget_version(*labels)
         gc.collect()  # the version's objects are younger than the start-up freeze: this frees them
-        log.info("unloaded model=%s version=%d", *labels, extra=fields)
+        log.info("unloaded model=%s version=%s", *labels, extra=fields)
         self._on_change()
 
     def _forget_old(self, model: Model) -> None:

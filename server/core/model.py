@@ -19,6 +19,7 @@ from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
 from server.codec import numpy_dtype
 from server.core.signatures import ModelInfo, Signature, TensorSpec
+from server.limits import version_number
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,12 @@ def scan_versions(base_path: str | Path) -> dict[int, Path]:
     base = Path(base_path)
     if not base.is_dir():
         raise FileNotFoundError(f"model base path {base} is not a folder")
-    return {int(p.name): p for p in base.iterdir() if p.name.isdigit() and (p / "saved_model.pb").is_file()}
+    versions = {}
+    for path in base.iterdir():
+        version = version_number(path.name)
+        if version is not None and (path / "saved_model.pb").is_file():
+            versions[version] = path
+    return versions
 
 
 def _shape(proto: tensor_shape_pb2.TensorShapeProto) -> tuple[int | None, ...] | None:

@@ -13,6 +13,7 @@ reset or a broken pipe.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import mmap
@@ -48,6 +49,11 @@ from server.errors import ModelFailure, Unavailable
 log = logging.getLogger("server.core.model_process")
 
 MIN_SLOT_BYTES = 1 << 20
+KEEP_RESIDENT_BYTES = 16 << 20
+"""Slots up to this size keep their pages between batches; larger ones hand them back after each."""
+INLINE_WRITE_BYTES = 4 << 20
+"""Batches up to this size are copied into their slot on the loop (about a millisecond); larger
+ones on a thread, so the loop serves other requests meanwhile."""
 CLEAN_EXIT = {"FileNotFoundError": FileNotFoundError, "ValueError": ValueError, "OSError": OSError}
 
 
@@ -151,10 +157,18 @@ class ModelProcess:
             slot = self._free.pop()
         else:
             slot, self._slots = self._slots, self._slots + 1
-        need = slot_bytes(parts)
-        if need > len(self._maps.get(slot, b"")):
-            self._grow(slot, need)
-        placed = write_batch(self._maps.get(slot), parts)
+        try:
+            need = max(slot_bytes(parts), 1)
+            if need > len(self._maps.get(slot, b"")):
+                self._grow(slot, need)
+            if need <= INLINE_WRITE_BYTES:
+                placed = write_batch(self._maps[slot], parts)
+            else:  # copying tens of megabytes would hold the loop; numpy copies without the GIL
+                placed = await asyncio.get_running_loop().run_in_executor(None, write_batch, self._maps[slot], parts)
+            self._check_alive()
+        except BaseException:
+            self._free.append(slot)
+            raise
         seq = next(self._seq)
         future: asyncio.Future[tuple[Tensors, float]] = asyncio.get_running_loop().create_future()
         self._pending[seq] = (future, slot, servable)
@@ -220,7 +234,7 @@ class ModelProcess:
             log.error("unexpected message from the model worker: %r", type(message).__name__)
             return
         future, slot, servable = self._pending.pop(message.seq)
-        self._free.append(slot)
+        self._release(slot)
         if isinstance(message, Failed):
             if not future.done():
                 future.set_exception(ModelFailure(message.message))
@@ -228,6 +242,16 @@ class ModelProcess:
         self._on_traces(servable, message.traces)
         if not future.done():
             future.set_result((message.outputs, message.seconds))
+
+    def _release(self, slot: int) -> None:
+        """The worker is done with the slot. A large one also gives its memory back: its pages are
+        removed from the memfd (for both processes' mappings) and fault in again when next used,
+        so one 64 MiB batch does not leave 64 MiB resident in each process for good."""
+        buffer = self._maps.get(slot)
+        if buffer is not None and len(buffer) > KEEP_RESIDENT_BYTES:
+            with contextlib.suppress(OSError, AttributeError):
+                buffer.madvise(mmap.MADV_REMOVE)
+        self._free.append(slot)
 
     def _lose(self, why: str) -> None:
         """The worker died: fail every batch waiting on it, and tell the server once."""

@@ -7,8 +7,8 @@ thread calling the MLP in a loop took 28-40% of a fixed-response grpc.aio server
 same loop in a separate process took 14-21% (what its CPU use costs, and no more). Here the server
 process keeps gRPC, parsing, batching and the model lifecycle; this process holds every loaded
 model version (servable) under one strategy, and runs batches as they arrive, as many at once as
-the largest max-inflight-batches of the servables it holds (default 1), whichever servables they
-are for.
+the servables it holds allow together (each its max-inflight-batches, default 1), so one model's
+long batch does not hold up another's.
 
 Loads and unloads run on a thread of their own, so batches of the versions already serving keep
 running while a new version loads and warms up. Unloading drops the servable's functions and
@@ -24,8 +24,6 @@ the server's end of the socket closes, which also happens if the server dies.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import gc
 import logging
 import mmap
@@ -39,7 +37,7 @@ from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from server import logs
+from server import logs, memory
 from server.config import Settings
 from server.core.worker_protocol import (
     Done,
@@ -68,6 +66,8 @@ log = logging.getLogger("server.core.model_worker")
 # tensorflow.error.Code values for load failures TensorFlow itself does not code.
 UNKNOWN, INVALID_ARGUMENT, NOT_FOUND, DATA_LOSS = 2, 3, 5, 15
 MAX_ERROR_CHARS = 2000
+MAX_BATCH_THREADS = 16
+"""Most batches run at once, whatever the servables allow together (more wait for a thread)."""
 
 
 def run(conn: Connection, handles: Connection, settings: Settings) -> None:
@@ -90,6 +90,7 @@ def run(conn: Connection, handles: Connection, settings: Settings) -> None:
     servables = _Servables(conn, send_lock, strategy, batches, loaded)
     gc.collect()
     gc.freeze()  # as in the server: no full collection over TensorFlow's objects mid-batch
+    memory.trim_periodically()
     conn.send(Started(devices, demo))
     _serve(conn, handles, slots, batches, servables)
 
@@ -128,10 +129,12 @@ def error_code(exc: BaseException) -> int:
 
 
 class _Servable:
-    def __init__(self, runners: dict[str, SignatureRunner], handle: Any, traces: Counter[str]) -> None:
+    def __init__(self, runners: dict[str, SignatureRunner], handle: Any, traces: Counter[str],
+                 max_inflight: int) -> None:
         self.runners = runners
         self.handle = handle
         self.traces = traces
+        self.max_inflight = max_inflight
 
 
 class _Servables:
@@ -168,7 +171,8 @@ class _Servables:
         from server.core import model, replicas
 
         started = time.perf_counter()
-        self._batches.grow(job.max_inflight)  # before Loaded: the server may then send that many at once
+        # Before Loaded: the server may then send this servable's batches beside the others'.
+        self._batches.allow(self._at_once() + job.max_inflight)
         try:
             loaded = model.load(job.path, job.name, job.version, self._strategy)
             info = loaded.info
@@ -193,8 +197,9 @@ class _Servables:
             failed = LoadFailed(job.servable, error_code(exc), f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS])
             del exc  # its traceback holds the half-loaded model
             _collect()
+            self._batches.allow(self._at_once())
             return failed
-        self._loaded[job.servable] = _Servable(runners, loaded.handle, traces)
+        self._loaded[job.servable] = _Servable(runners, loaded.handle, traces, job.max_inflight)
         gc.collect()
         gc.freeze()
         return Loaded(job.servable, info, {k: d.SerializeToString() for k, d in loaded.signature_defs.items()},
@@ -202,7 +207,12 @@ class _Servables:
 
     def _unload(self, servable: int) -> None:
         self._loaded.pop(servable, None)
+        self._batches.allow(self._at_once())
         _collect()
+
+    def _at_once(self) -> int:
+        """Batches the loaded servables may have running at once, all together."""
+        return sum(s.max_inflight for s in list(self._loaded.values()))
 
 
 def _collect() -> None:
@@ -211,24 +221,18 @@ def _collect() -> None:
     gc.unfreeze()
     gc.collect()
     gc.freeze()
-    _malloc_trim()
-
-
-def _malloc_trim() -> None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(name).malloc_trim(0)
+    memory.trim()
 
 
 class _Batches:
-    """Runs batches and sends their answers. While one batch at a time is asked for, inline on the
-    thread reading the socket (no hand-off, no wake-up). Once a servable allows N > 1 at once, on
-    N threads, so batches the server sends together run together. Each thread makes one small
-    TensorFlow call before it takes batches, as TensorFlow sets up per-thread state on a thread's
-    first call; each servable's own warm-up (tracing, every batch size) is done by the loader
-    before the server may send it a batch."""
+    """Runs batches and sends their answers. As many run at once as the loaded servables allow
+    together (each its max-inflight-batches), so one model's long batch does not hold up another
+    model's: a 500 ms batch of long strings no longer made every other model's clients wait for it.
+    While that is one batch (one servable, the default max-inflight-batches 1), it runs inline on
+    the thread reading the socket (no hand-off, no wake-up); otherwise the reader hands batches to
+    a pool of threads. Each pool thread makes one small TensorFlow call before it takes batches,
+    as TensorFlow sets up per-thread state on a thread's first call; each servable's own warm-up
+    (tracing, every batch size) is done by the loader before the server may send it a batch."""
 
     def __init__(self, conn: Connection, send_lock: threading.Lock, slots: dict[int, mmap.mmap],
                  loaded: dict[int, _Servable]) -> None:
@@ -236,37 +240,39 @@ class _Batches:
         self._send_lock = send_lock
         self._slots = slots
         self._loaded = loaded
-        self._jobs: queue.SimpleQueue[Run] | None = None
-        self._threads = 1
-        """Threads that run batches: the reader itself while _jobs is None. Each Load says how many
-        batches of its servable may run at once, and grow() adds threads before it is answered."""
+        self._jobs: queue.SimpleQueue[Run] = queue.SimpleQueue()
+        self._threads = 0
+        """Pool threads started so far (they are never stopped; idle while batches run inline)."""
+        self._inline = True
         _first_call()
 
-    def grow(self, threads: int) -> None:
-        """Have at least `threads` batch threads (only ever called by one thread at a time)."""
-        if threads <= self._threads:
+    def allow(self, at_once: int) -> None:
+        """Let `at_once` batches run at the same time from now on (only ever called by the loader,
+        before it answers a Load, and after an unload)."""
+        at_once = min(at_once, MAX_BATCH_THREADS)
+        if at_once <= 1:
+            self._inline = True
             return
-        jobs = self._jobs if self._jobs is not None else queue.SimpleQueue()
-        new = threads if self._jobs is None else threads - self._threads
-        warmed = threading.Barrier(new + 1)
-        for _ in range(new):
-            threading.Thread(target=self._work, args=(jobs, warmed), name="batches", daemon=True).start()
-        warmed.wait()
-        self._jobs = jobs  # from here on the reader hands batches over
-        self._threads = threads
+        if at_once > self._threads:
+            new = at_once - self._threads
+            warmed = threading.Barrier(new + 1)
+            for _ in range(new):
+                threading.Thread(target=self._work, args=(warmed,), name="batches", daemon=True).start()
+            warmed.wait()
+            self._threads = at_once
+        self._inline = False  # from here on the reader hands batches over
 
     def submit(self, message: Run) -> None:
-        jobs = self._jobs
-        if jobs is None:
+        if self._inline:
             self._answer(message)
         else:
-            jobs.put(message)
+            self._jobs.put(message)
 
-    def _work(self, jobs: queue.SimpleQueue[Run], warmed: threading.Barrier) -> None:
+    def _work(self, warmed: threading.Barrier) -> None:
         _first_call()
         warmed.wait()
         while True:
-            self._answer(jobs.get())
+            self._answer(self._jobs.get())
 
     def _answer(self, message: Run) -> None:
         result = self._run(message)

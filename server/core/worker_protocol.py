@@ -4,13 +4,16 @@ Messages are pickled over one Unix socket pair. The worker holds any number of s
 versions), each known by an id the server gives it in Load; a Run names its servable. Batch
 inputs do not travel in the messages: the server writes them into a shared-memory slot (an
 anonymous memfd, mapped on both sides, so no /dev/shm size limit applies) and sends only where
-each array lies. A slot is handed to the worker once (NewSlot, followed on the socket by its file
-descriptor) and reused until a bigger batch needs a bigger one. Outputs come back pickled; they
-are usually far smaller than the inputs.
+each array lies. Strings too: their lengths as an int64 array and their bytes one after another
+(pickling an array of long strings cost the event loop 3 ms a megabyte). A slot is handed to the
+worker once (NewSlot, its file descriptor following on a socket of its own) and reused until a
+bigger batch needs a bigger one. Outputs come back pickled; they are usually far smaller than the
+inputs.
 """
 
 from __future__ import annotations
 
+import math
 import mmap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -103,13 +106,24 @@ class SlotArray:
 
 
 @dataclass(frozen=True)
+class SlotStrings:
+    """A string tensor in a slot: `shape`, the elements' lengths (int64) at `lengths`, and their
+    bytes, one after another, at `data`."""
+
+    shape: tuple[int, ...]
+    lengths: int
+    data: int
+    size: int
+    """Bytes at `data`."""
+
+
+@dataclass(frozen=True)
 class Run:
     seq: int
     servable: int
     signature: str
     slot: int
-    inputs: dict[str, SlotArray | np.ndarray]
-    """In the slot, or inline (string tensors, which have no fixed-size layout)."""
+    inputs: dict[str, SlotArray | SlotStrings]
 
 
 @dataclass(frozen=True)
@@ -129,30 +143,47 @@ class Failed:
 
 
 def slot_bytes(parts: Sequence[Mapping[str, np.ndarray]]) -> int:
-    """Bytes a slot needs for the batch the parts make, each fixed-size input aligned."""
-    return sum(_aligned(sum(p[name].nbytes for p in parts)) for name, a in parts[0].items() if a.dtype != object)
+    """Bytes a slot needs for the batch the parts make, each array aligned."""
+    total = 0
+    for name, first in parts[0].items():
+        if first.dtype == object:
+            count = sum(p[name].size for p in parts)
+            total += _aligned(8 * count) + _aligned(sum(_string_bytes(p[name]) for p in parts))
+        else:
+            total += _aligned(sum(p[name].nbytes for p in parts))
+    return total
 
 
 def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def write_batch(
-    buffer: mmap.mmap | None, parts: Sequence[Mapping[str, np.ndarray]]
-) -> dict[str, SlotArray | np.ndarray]:
+def _values(array: np.ndarray) -> list[bytes]:
+    return [v if isinstance(v, bytes) else str(v).encode() for v in array.ravel()]
+
+
+def _string_bytes(array: np.ndarray) -> int:
+    return sum(len(v) if isinstance(v, bytes) else len(str(v).encode()) for v in array.ravel())
+
+
+def write_batch(buffer: mmap.mmap, parts: Sequence[Mapping[str, np.ndarray]]) -> dict[str, SlotArray | SlotStrings]:
     """Concatenate the parts' rows, input by input and in order, straight into the slot (the one
-    copy a batch's inputs take on the server's side); describe where each input landed. String
-    inputs have no fixed-size layout and travel inline; a batch of strings only needs no slot."""
-    placed: dict[str, SlotArray | np.ndarray] = {}
+    copy a batch's inputs take on the server's side); describe where each input landed. Safe to
+    run on another thread while the slot is not in use."""
+    placed: dict[str, SlotArray | SlotStrings] = {}
     offset = 0
     for name, first in parts[0].items():
         arrays = [p[name] for p in parts]
-        if first.dtype == object:
-            placed[name] = np.concatenate(arrays, axis=0) if len(arrays) > 1 else first
-            continue
-        if buffer is None:
-            raise ValueError(f"input '{name}' needs a slot and none was given")
         shape = (sum(a.shape[0] for a in arrays), *first.shape[1:])
+        if first.dtype == object:
+            values = [v for a in arrays for v in _values(a)]
+            lengths = np.ndarray((len(values),), np.int64, buffer=buffer, offset=offset)
+            lengths[:] = [len(v) for v in values]
+            data = offset + _aligned(lengths.nbytes)
+            size = _write_strings(buffer, data, values)
+            placed[name] = SlotStrings(shape, offset, data, size)
+            offset = data + _aligned(size)
+            continue
         view = np.ndarray(shape, first.dtype, buffer=buffer, offset=offset)
         np.concatenate(arrays, axis=0, out=view)
         placed[name] = SlotArray(first.dtype if first.dtype.kind == "V" else first.dtype.str, shape, offset)
@@ -160,14 +191,43 @@ def write_batch(
     return placed
 
 
-def read_batch(buffer: mmap.mmap | None, placed: Mapping[str, SlotArray | np.ndarray]) -> dict[str, np.ndarray]:
-    """The arrays a Run describes, as views of the slot (no copy)."""
+def _write_strings(buffer: mmap.mmap, at: int, values: list[bytes]) -> int:
+    """Write the values one after another at `at`; the bytes written. Long values are copied by
+    numpy, which lets go of the GIL (write_batch runs on a thread for large batches); many short
+    ones are joined first, one C call instead of a Python step each."""
+    if len(values) > 1024:
+        values = [b"".join(values)]
+    position = at
+    for value in values:
+        size = len(value)
+        if size > 65536:
+            np.ndarray((size,), np.uint8, buffer=buffer, offset=position)[:] = np.frombuffer(value, np.uint8)
+        else:
+            buffer[position:position + size] = value
+        position += size
+    return position - at
+
+
+def read_batch(buffer: mmap.mmap | None, placed: Mapping[str, SlotArray | SlotStrings]) -> dict[str, np.ndarray]:
+    """The arrays a Run describes: numbers as views of the slot (no copy), strings copied out."""
     batch = {}
     for name, where in placed.items():
-        if isinstance(where, np.ndarray):
-            batch[name] = where
-        elif buffer is None:
+        if buffer is None:
             raise ValueError(f"input '{name}' lies in a slot the worker was never given")
+        if isinstance(where, SlotStrings):
+            batch[name] = _read_strings(buffer, where)
         else:
             batch[name] = np.ndarray(where.shape, np.dtype(where.dtype), buffer=buffer, offset=where.offset)
     return batch
+
+
+def _read_strings(buffer: mmap.mmap, where: SlotStrings) -> np.ndarray:
+    count = math.prod(where.shape)
+    lengths = np.ndarray((count,), np.int64, buffer=buffer, offset=where.lengths)
+    ends = np.cumsum(lengths) + where.data
+    out = np.empty(count, dtype=object)
+    start = where.data
+    for i, end in enumerate(ends.tolist()):
+        out[i] = buffer[start:end]
+        start = end
+    return out.reshape(where.shape)

@@ -86,6 +86,9 @@ def family(tmp_path_factory: pytest.TempPathFactory) -> Family:
     return Family(tmp_path_factory.mktemp("tagged-built"), tmp_path_factory.mktemp("tagged-models"))
 
 
+ADMIN_TOKEN = "lifecycle-admin-token"
+ADMIN = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
+"""What HandleReloadConfigRequest calls carry (model management is on, with a token file)."""
 LABELS = 'version_labels { key: "stable" value: 2 } version_labels { key: "canary" value: 3 }'
 START_MODELS = {
     "alpha": ([1, 2, 3], "model_version_policy { latest { num_versions: 2 } } " + LABELS),
@@ -159,10 +162,13 @@ def life(family: Family, model_dirs: dict[str, Path], tmp_path_factory: pytest.T
             family.deploy(model, version)
     config_path = family.root / "models.config"
     config_path.write_text(config_text(start_models(family, model_dirs)))
-    log = tmp_path_factory.mktemp("lifecycle") / "server.log"
+    folder = tmp_path_factory.mktemp("lifecycle")
+    tokens = folder / "tokens"
+    tokens.write_text(f"lifecycle-tests {ADMIN_TOKEN}\n")
     server = start_server(["--model-config-file", str(config_path), "--file-system-poll-wait-seconds", str(POLL_S),
                            "--model-config-file-poll-wait-seconds", str(CONFIG_POLL_S), "--drain-delay-s", "0",
-                           "--max-queued-rows", str(SLOW_QUEUE_ROWS)], log)
+                           "--max-queued-rows", str(SLOW_QUEUE_ROWS), "--enable-model-management",
+                           "--admin-token-file", str(tokens)], folder / "server.log")
     channel = grpc.insecure_channel(server.target)
     try:
         yield Lifecycle(server, family, config_path, channel, start_models(family, model_dirs))
@@ -265,7 +271,7 @@ def test_model_service_bad_requests_get_named_errors(life: Lifecycle) -> None:
     def raw(method: str, payload: bytes) -> grpc.RpcError:
         call = life.channel.unary_unary(f"/tensorflow.serving.ModelService/{method}")
         with pytest.raises(grpc.RpcError) as caught:
-            call(payload, timeout=10)
+            call(payload, timeout=10, metadata=ADMIN)
         return caught.value
 
     for method in ("GetModelStatus", "HandleReloadConfigRequest"):
@@ -388,7 +394,7 @@ def test_handle_reload_config_request_swaps_models_under_load(life: Lifecycle) -
         wait_until(lambda: len(traffic.ok["delta"]) > 20, what="traffic")
         traffic.stop("delta")  # the reload removes it: its later calls must fail
         before = len(traffic.ok["alpha"])
-        response = life.models.HandleReloadConfigRequest(reload, timeout=60)
+        response = life.models.HandleReloadConfigRequest(reload, timeout=60, metadata=ADMIN)
         # It returns once the added model serves: the very next call finds it.
         assert response.status.error_code == 0
         assert life.served("epsilon") == (4, 4)
@@ -410,11 +416,11 @@ def test_handle_reload_config_request_refuses_a_bad_config_and_changes_nothing(l
         reload = model_management_pb2.ReloadConfigRequest()
         text_format.Parse(text, reload.config)
         with pytest.raises(grpc.RpcError) as caught:
-            life.models.HandleReloadConfigRequest(reload, timeout=30)
+            life.models.HandleReloadConfigRequest(reload, timeout=30, metadata=ADMIN)
         assert caught.value.code() == code and fragment in caught.value.details(), caught.value.details()
     empty = model_management_pb2.ReloadConfigRequest(config=model_server_config_pb2.ModelServerConfig())
     with pytest.raises(grpc.RpcError) as caught:
-        life.models.HandleReloadConfigRequest(empty, timeout=30)
+        life.models.HandleReloadConfigRequest(empty, timeout=30, metadata=ADMIN)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert life.served("epsilon") == (4, 4)
 

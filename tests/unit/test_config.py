@@ -66,6 +66,8 @@ def test_all_flags() -> None:
         "--grace-period-s", "9", "--log-format", "json", "--log-level", "DEBUG",
         "--grpc-max-connection-age-ms", "60000", "--grpc-max-connection-age-grace-ms", "5000",
         "--max-inflight-batches", "1", "--event-loop", "asyncio", "--batching_parameters_file", "/etc/batching",
+        "--grpc-bind-address", "127.0.0.1", "--rest-bind-address", "::1", "--grpc-max-concurrent-streams", "64",
+        "--enable-model-management", "--admin-token-file", "/etc/tokens", "--model-root", "/m", "--model-root", "/n",
     )
     assert s == Settings(
         model_base_path="/m/a", model_name="n", model_config_file=None, file_system_poll_wait_seconds=1.0,
@@ -76,6 +78,8 @@ def test_all_flags() -> None:
         max_concurrent_rpcs=1024, tls_cert_file=None, tls_key_file=None, tls_client_ca_file=None,
         grpc_max_connection_age_ms=60_000, grpc_max_connection_age_grace_ms=5_000,
         max_inflight_batches=1, intra_op_threads=0, inter_op_threads=0, event_loop="asyncio",
+        grpc_bind_address="127.0.0.1", rest_bind_address="::1", grpc_max_concurrent_streams=64,
+        enable_model_management=True, admin_token_file="/etc/tokens", model_roots=("/m", "/n"),
     )
     assert s.batch_timeout_s == pytest.approx(0.0005)
     assert parse("--batch-timeout-ms", "0").batch_timeout_ms == 0.0
@@ -247,3 +251,30 @@ def test_unknown_event_loop_is_refused(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit):
         parse("--event-loop", "trio")
     assert "--event-loop" in capsys.readouterr().err
+
+
+def test_model_management_is_off_by_default_and_on_needs_a_credential(capsys: pytest.CaptureFixture[str]) -> None:
+    s = parse()
+    assert (s.enable_model_management, s.admin_token_file, s.model_roots) == (False, None, ())
+    assert (s.grpc_bind_address, s.rest_bind_address, s.grpc_max_concurrent_streams) == ("", "", 256)
+    with pytest.raises(SystemExit):
+        parse("--enable-model-management")
+    assert "needs a credential: --admin-token-file, or mutual TLS" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse("--admin-token-file", "/t")
+    assert "give --enable-model-management too" in capsys.readouterr().err
+    mutual = parse("--enable-model-management", "--tls-cert-file", "c", "--tls-key-file", "k",
+                   "--tls-client-ca-file", "ca")
+    assert mutual.enable_model_management and mutual.admin_token_file is None
+
+
+def test_switches_and_repeatable_flags_from_the_environment(capsys: pytest.CaptureFixture[str]) -> None:
+    s = parse(MIRRORSERVE_ENABLE_MODEL_MANAGEMENT="true", MIRRORSERVE_ADMIN_TOKEN_FILE="/t",
+              MIRRORSERVE_MODEL_ROOT="/a:/b")
+    assert (s.enable_model_management, s.model_roots) == (True, ("/a", "/b"))
+    assert parse(MIRRORSERVE_ENABLE_MODEL_MANAGEMENT="0").enable_model_management is False
+    # The command line wins over the environment, whole: its roots replace the environment's.
+    assert parse("--model-root", "/c", MIRRORSERVE_MODEL_ROOT="/a:/b").model_roots == ("/c",)
+    with pytest.raises(SystemExit):
+        parse(MIRRORSERVE_ENABLE_MODEL_MANAGEMENT="maybe")
+    assert "MIRRORSERVE_ENABLE_MODEL_MANAGEMENT='maybe': must be one of 1, true" in capsys.readouterr().err

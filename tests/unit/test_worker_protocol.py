@@ -8,16 +8,16 @@ import pickle
 import numpy as np
 import pytest
 
-from server.core.worker_protocol import ALIGN, Run, SlotArray, read_batch, slot_bytes, write_batch
+from server.core.worker_protocol import ALIGN, Run, SlotArray, SlotStrings, read_batch, slot_bytes, write_batch
 
 
-def test_slot_bytes_aligns_every_array_and_skips_strings() -> None:
+def test_slot_bytes_aligns_every_array_strings_included() -> None:
     batch = {
         "a": np.zeros((3, 5), np.float32),  # 60 bytes -> 64
         "b": np.zeros((3,), np.int64),  # 24 bytes -> 64
-        "s": np.array([b"x", b"yy", b"zzz"], dtype=object),
+        "s": np.array([b"x", b"yy", b"z" * 70], dtype=object),  # lengths 24 -> 64, bytes 73 -> 128
     }
-    assert slot_bytes([batch]) == 2 * ALIGN
+    assert slot_bytes([batch]) == 5 * ALIGN
 
 
 def test_round_trip_through_a_slot_is_exact_and_aligned() -> None:
@@ -47,10 +47,11 @@ def test_parts_land_in_the_slot_as_one_batch_rows_in_order() -> None:
         for rows in (2, 1, 0, 4)
     ]
     buffer = mmap.mmap(-1, slot_bytes(parts))
-    assert len(buffer) == 3 * ALIGN  # x: 7*3*4 = 84 bytes -> 128; k: 7*8 = 56 -> 64; s inline
+    assert len(buffer) == 5 * ALIGN  # x: 7*3*4 = 84 bytes -> 128; k: 7*8 = 56 -> 64; s: 56 -> 64, 14 -> 64
     placed = write_batch(buffer, parts)
     assert placed["x"] == SlotArray("<f4", (7, 3), 0)
     assert placed["k"] == SlotArray("<i8", (7,), 2 * ALIGN)
+    assert placed["s"] == SlotStrings((7,), 3 * ALIGN, 4 * ALIGN, 14)
     back = read_batch(buffer, pickle.loads(pickle.dumps(placed)))
     for name in ("x", "k", "s"):
         np.testing.assert_array_equal(back[name], np.concatenate([p[name] for p in parts]))
@@ -68,12 +69,17 @@ def test_an_extension_dtype_keeps_its_type_through_the_slot() -> None:
     assert back["h"].tolist() == part["h"].tolist()
 
 
-def test_string_tensors_travel_inline() -> None:
-    strings = np.array([[b"a"], [b"\x00bc"]], dtype=object)
-    placed = write_batch(mmap.mmap(-1, ALIGN), [{"s": strings, "n": np.arange(2, dtype=np.int32)}])
-    assert placed["s"] is strings
-    back = read_batch(None, {"s": strings})  # no slot needed for inline arrays
-    assert back["s"] is strings
+def test_string_tensors_travel_in_the_slot_whole() -> None:
+    strings = np.array([[b"a", b""], [b"\x00bc", "t\u00e9xt"]], dtype=object)
+    long = np.array([[b"x" * 100_000, b"y"]], dtype=object)
+    parts = [{"s": strings}, {"s": long}]
+    buffer = mmap.mmap(-1, slot_bytes(parts))
+    placed = write_batch(buffer, parts)
+    assert isinstance(placed["s"], SlotStrings) and placed["s"].shape == (3, 2)
+    back = read_batch(buffer, pickle.loads(pickle.dumps(placed)))["s"]
+    assert back.shape == (3, 2) and back.dtype == object
+    assert back.tolist() == [[b"a", b""], [b"\x00bc", "t\u00e9xt".encode()], [b"x" * 100_000, b"y"]]
+    assert len(pickle.dumps(placed)) < 300, "the strings stay out of the message"
 
 
 def test_a_slot_array_without_a_slot_is_an_error_not_garbage() -> None:
@@ -89,11 +95,3 @@ def test_views_read_the_slot_without_copying() -> None:
     np.ndarray((4,), np.int32, buffer=buffer)[0] = 42  # the server reusing the slot...
     assert view[0] == 42  # ...is seen: so a slot must not be reused before its answer arrives
     del view
-
-
-def test_a_strings_only_batch_needs_no_slot_and_numbers_do() -> None:
-    strings = np.array([b"a", b"b"], dtype=object)
-    assert slot_bytes([{"s": strings}]) == 0
-    assert write_batch(None, [{"s": strings}]) == {"s": strings}
-    with pytest.raises(ValueError, match="input 'n' needs a slot and none was given"):
-        write_batch(None, [{"s": strings, "n": np.arange(2, dtype=np.int32)}])

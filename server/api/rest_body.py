@@ -1,0 +1,197 @@
+"""Reading a REST body without letting it stall the event loop, which gRPC and REST share.
+
+- **Size.** The body is refused (413) once it is over the limit: before reading it when its
+  declared length says so, else as soon as the bytes read, or the bytes they decompress to, pass
+  the limit (for gzip, at once when its trailer states a larger size). The rest is never read:
+  aiohttp is told not to linger over a body the handler did not read, so it closes the
+  connection after the answer.
+- **Encodings.** aiohttp's own decompression is off; gzip and deflate are decompressed here, once
+  the whole compressed body is in, a bounded piece at a time (a megabyte of gzip can hold a
+  gigabyte), on one thread of lower
+  priority (zlib lets go of the GIL while it inflates), so the loop goes on serving and a bomb
+  gets a share of one core at most. Any other Content-Encoding is refused (415) before a byte of
+  the body is read.
+- **JSON.** Parsing JSON costs the loop about 4 ms a megabyte here, and its numbers briefly take
+  some 18 times their text's size as Python objects. A body over INLINE_BYTES is therefore decoded
+  in a helper process of lower priority (BodyDecoder): the loop only copies the bytes out and the
+  arrays back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import multiprocessing
+import os
+import threading
+import zlib
+from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from server import memory
+from server.errors import ClientGone, Overloaded, TooLarge, Unavailable, UnsupportedEncoding
+
+log = logging.getLogger("server.api.rest_body")
+
+T = TypeVar("T")
+
+READ_BYTES = 64 * 1024
+"""Bytes read from the socket at a time."""
+INFLATE_BYTES = 1 << 20
+"""Decompressed bytes produced per step (about 1 ms of a thread's time), the limit checked between."""
+ENCODINGS = {"identity": None, "gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+"""Content-Encodings decoded, with zlib's window bits (deflate: RFC 1950's zlib stream; a raw
+deflate stream, which some clients send, is recognised by its first byte)."""
+INLINE_BYTES = 256 * 1024
+"""JSON bodies up to this size are decoded on the loop (about 1 ms); larger ones by the helper."""
+HELPER_NICENESS = 10
+MAX_WAITING = 4
+"""Large bodies waiting for the helper at once; more are refused (RESOURCE_EXHAUSTED, 429), so
+bodies parked for it cannot pile up in memory."""
+
+
+def _decompressor(encoding: str, first: bytes) -> Any:
+    wbits = ENCODINGS[encoding]
+    if encoding == "deflate" and first and first[0] & 0x0F != 8:
+        wbits = -zlib.MAX_WBITS
+    return zlib.decompressobj(wbits) if wbits is not None else None
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The whole body, decompressed, or TooLarge (413) / UnsupportedEncoding (415)."""
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower() or "identity"
+    if encoding not in ENCODINGS:
+        raise UnsupportedEncoding(f"Content-Encoding '{encoding[:40]}' is not supported; send the body as it is, "
+                                  f"or in {', '.join(e for e in ENCODINGS if e != 'identity')}")
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise TooLarge(f"the body has {declared} bytes; the limit is {limit} (--max-message-bytes)")
+    chunks: list[bytes] = []
+    read = 0
+    while True:
+        try:
+            data = await request.content.read(READ_BYTES)
+        except ConnectionError:
+            raise ClientGone("the client closed the connection before sending the whole body") from None
+        if not data:
+            break
+        read += len(data)
+        if read > limit:
+            raise TooLarge(f"the body is over the limit of {limit} bytes (--max-message-bytes)")
+        chunks.append(data)
+    if encoding == "identity":
+        return b"".join(chunks)
+    if encoding in ("gzip", "x-gzip") and _gzip_size(chunks) > limit:
+        # A gzip stream ends with its decompressed size: a bomb is refused without inflating it.
+        # (A trailer that lies is caught by zlib at the end, or by the limit while inflating.)
+        raise TooLarge(f"the body decompresses to over the limit of {limit} bytes (--max-message-bytes)")
+    inflater = _decompressor(encoding, chunks[0] if chunks else b"")
+    out: list[bytes] = []
+    size = 0
+    for data in chunks:
+        size = await _inflate(inflater, data, out, size, limit)
+    if inflater is not None and not inflater.eof:
+        raise UnsupportedEncoding(f"the {encoding} body ends before its compressed stream does")
+    return b"".join(out)
+
+
+def _gzip_size(chunks: list[bytes]) -> int:
+    """The decompressed size a gzip stream's trailer states (modulo 4 GiB), or 0 if too short."""
+    tail = b"".join(chunks[-2:])[-4:]
+    return int.from_bytes(tail, "little") if len(tail) == 4 else 0
+
+
+_INFLATER: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _inflating() -> concurrent.futures.ThreadPoolExecutor:
+    """The one thread that decompresses bodies, one piece at a time, below the loop's priority: a
+    compressed bomb then costs a share of one core, not the event loop's time."""
+    global _INFLATER
+    if _INFLATER is None:
+        _INFLATER = concurrent.futures.ThreadPoolExecutor(1, "inflate", initializer=_lower_thread_priority)
+    return _INFLATER
+
+
+def _lower_thread_priority() -> None:
+    with contextlib.suppress(OSError, AttributeError):  # per-thread niceness is Linux's
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HELPER_NICENESS)
+
+
+async def _inflate(inflater: Any, data: bytes, chunks: list[bytes], size: int, limit: int) -> int:
+    """Decompress `data` a bounded piece at a time into `chunks`; the new total size."""
+    while data:
+        try:
+            piece = await asyncio.get_running_loop().run_in_executor(_inflating(), inflater.decompress, data,
+                                                                     INFLATE_BYTES)
+        except zlib.error as exc:
+            raise UnsupportedEncoding(f"the body is not valid compressed data: {exc}") from None
+        size += len(piece)
+        if size > limit:
+            raise TooLarge(f"the body decompresses to over the limit of {limit} bytes (--max-message-bytes)")
+        chunks.append(piece)
+        data = inflater.unconsumed_tail
+    return size
+
+
+def _helper_started() -> None:
+    """In the helper: run below the server's priority, so that on a busy machine the event loop and
+    the model come first (os.nice raises only this process's niceness)."""
+    os.nice(HELPER_NICENESS)
+
+
+def _in_helper(function: Callable[..., T], *args: Any) -> T:
+    """Run in the helper, then hand the memory a large body took back to the OS."""
+    try:
+        return function(*args)
+    finally:
+        memory.trim()
+
+
+class BodyDecoder:
+    """Runs a body-decoding function inline when the body is small, else in a helper process
+    (one, started on first use, without TensorFlow), so a large JSON body does not stop the loop.
+    At most MAX_WAITING large bodies wait for the helper; it is restarted if it dies (say, killed
+    for memory), and the body that was in it is refused, not retried."""
+
+    def __init__(self, inline_bytes: int = INLINE_BYTES, max_waiting: int = MAX_WAITING) -> None:
+        self._inline_bytes = inline_bytes
+        self._max_waiting = max_waiting
+        self._waiting = 0
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+    async def decode(self, size: int, function: Callable[..., T], *args: Any) -> T:
+        if size <= self._inline_bytes:
+            return function(*args)
+        if self._waiting >= self._max_waiting:
+            raise Overloaded(f"{self._waiting} large bodies are being decoded; retry later, or send tensors in "
+                             f"binary form (gRPC, or v2's binary tensor extension)")
+        if self._pool is None:
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_helper_started)
+        pool = self._pool
+        self._waiting += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(pool, _in_helper, function, *args)
+        except BrokenProcessPool:
+            log.error("the body-decoding helper process died; starting a new one")
+            if self._pool is pool:
+                self._pool = None
+                pool.shutdown(wait=False, cancel_futures=True)
+            raise Unavailable("the body could not be decoded (the helper process died); retry") from None
+        finally:
+            self._waiting -= 1
+            if self._pool is pool:
+                # The pool's feeder thread keeps the last message it pickled (this body, up to
+                # --max-message-bytes) until it pickles another: give it a small one.
+                pool.submit(int)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
