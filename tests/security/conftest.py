@@ -135,7 +135,7 @@ class Attack:
 
     server: ServerProcess
     bystander: Bystander
-    baseline_s: float = 1.5
+    baseline_s: float = 1.0
 
     def __enter__(self) -> Attack:
         time.sleep(self.baseline_s)

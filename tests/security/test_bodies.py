@@ -42,7 +42,7 @@ def test_compressed_bombs_are_refused_at_the_limit_without_stalling_anyone(attac
     answers: list[tuple[int, bytes]] = []
     rounds = []
     with Attack(server, bystander) as attack, concurrent.futures.ThreadPoolExecutor(3) as pool:
-        while time.monotonic() - attack.started < 2.0:  # three at once, again and again
+        while time.monotonic() - attack.started < 1.5:  # three at once, again and again
             time.sleep(0.05)  # bombs, not a bandwidth flood of them (test_refusals has floods)
             started = time.monotonic()
             answers += pool.map(lambda body: post(server.rest_port, "/v1/models/demo:predict", body, headers),
@@ -86,8 +86,8 @@ def test_a_63_mb_json_body_is_decoded_off_the_event_loop(attack_server, bystande
         elapsed = time.monotonic() - started
     print(f"63 MB of JSON answered {status} in {elapsed:.2f} s: {answer[:160]!r}")
     assert status == 400 and b"the limit is 67108864 bytes per tensor" in answer, answer[:300]
-    # The bound reached: the loop still copies the 63 MB body (decompressing it in 256 KB steps,
-    # then pickling it to the helper) and the arrays back; see the closing note of issue 30.
-    verdict = assert_unharmed(attack, p99_factor=10.0)
-    print(f"bound for the 63 MB body: bystander p99 {verdict.p99_ms:.1f} ms against {verdict.baseline_p99_ms:.1f}")
+    # The bar the issue left open for this body is met: off the loop, it costs the loop only the
+    # copies of its bytes (measured: 1.0-1.7x the baseline p99).
+    verdict = assert_unharmed(attack)
+    print(f"63 MB body: bystander p99 {verdict.p99_ms:.1f} ms against {verdict.baseline_p99_ms:.1f}")
     assert attack.memory_returned() <= RSS_SLACK_MB
