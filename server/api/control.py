@@ -111,14 +111,13 @@ class ControlPlane:
                 found = name
         return found
 
-    def check_paths(self, caller: Caller, method: str, sources: Sequence[ModelSource]) -> None:
-        """INVALID_ARGUMENT (logged) unless every base path resolves inside a model root. Only the
-        resolved path is compared, before anything is read, so the answer is the same whether the
-        path exists or not."""
+    def check_paths(self, sources: Sequence[ModelSource]) -> None:
+        """INVALID_ARGUMENT unless every base path resolves inside a model root. Only the resolved
+        path is compared, before anything is read, so the answer is the same whether the path
+        exists or not."""
         for source in sources:
             real = os.path.realpath(source.base_path)
             if not any(real == root or real.startswith(root.rstrip(os.sep) + os.sep) for root in self._roots):
-                self.done(caller, method, f"refused: model '{source.name}' base path outside the model roots")
                 raise InvalidInput(f"model '{source.name}': base path {source.base_path} is not inside a model "
                                    f"root (--model-root: {', '.join(self._roots) or 'none'})")
 

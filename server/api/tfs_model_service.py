@@ -86,7 +86,7 @@ class ModelServiceServicer:
             request = parse(model_management_pb2.ReloadConfigRequest, raw)
             try:
                 sources = from_proto(request.config, "ReloadConfigRequest.config")
-                control.check_paths(caller, method, sources)
+                control.check_paths(sources)
                 check_base_paths(sources)
             except ConfigError as exc:
                 raise InvalidInput(str(exc)) from None

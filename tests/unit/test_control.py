@@ -68,14 +68,12 @@ def test_base_paths_must_resolve_inside_a_root_whether_they_exist_or_not(tmp_pat
     (root / "link").symlink_to(outside)
     (tmp_path / "models-not").mkdir()  # shares the root's name as a prefix
     plane = ControlPlane(True, {"t": "alice"}, False, [str(root)])
-    caller = plane.authorize(METHOD, "p", "Bearer t", None)
-    plane.check_paths(caller, METHOD, [ModelSource("good", str(root / "good")),
-                                       ModelSource("not-yet", str(root / "missing"))])
+    plane.check_paths([ModelSource("good", str(root / "good")), ModelSource("not-yet", str(root / "missing"))])
     messages = []
     for path in (outside, root / "link", root / ".." / "evil", tmp_path / "models-not", tmp_path / "nowhere",
                  Path("/etc")):
         with pytest.raises(InvalidInput) as refused:
-            plane.check_paths(caller, METHOD, [ModelSource("m", str(path))])
+            plane.check_paths([ModelSource("m", str(path))])
         messages.append(str(refused.value).replace(str(path), "PATH"))
     assert len(set(messages)) == 1, messages  # the same answer, existing or not
     assert "is not inside a model root (--model-root: " in messages[0]
