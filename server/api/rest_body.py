@@ -95,7 +95,12 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     size = 0
     for data in chunks:
         size = await _inflate(inflater, data, out, size, limit)
-    if inflater is not None and not inflater.eof:
+    while not inflater.eof:  # output zlib still holds once every input byte is in, if any
+        before = size
+        size = await _inflate(inflater, b"", out, size, limit, drain=True)
+        if size == before:
+            break
+    if not inflater.eof:
         raise UnsupportedEncoding(f"the {encoding} body ends before its compressed stream does")
     return b"".join(out)
 
@@ -123,9 +128,12 @@ def _lower_thread_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HELPER_NICENESS)
 
 
-async def _inflate(inflater: Any, data: bytes, chunks: list[bytes], size: int, limit: int) -> int:
-    """Decompress `data` a bounded piece at a time into `chunks`; the new total size."""
-    while data:
+async def _inflate(inflater: Any, data: bytes, chunks: list[bytes], size: int, limit: int,
+                   drain: bool = False) -> int:
+    """Decompress `data` a bounded piece at a time into `chunks`; the new total size. With
+    `drain`, one piece of what zlib still holds, from no new input."""
+    while data or drain:
+        drain = False
         try:
             piece = await asyncio.get_running_loop().run_in_executor(_inflating(), inflater.decompress, data,
                                                                      INFLATE_BYTES)

@@ -150,3 +150,30 @@ def test_large_bodies_are_decoded_in_a_helper_process() -> None:
             decoder.close()
 
     asyncio.run(main())
+
+
+def test_bodies_of_every_size_around_a_piece_inflate_whole() -> None:
+    """Sizes on and around the 1 MiB piece, in gzip, zlib-wrapped and raw deflate."""
+    from server.api import rest_body
+
+    async def inflate(encoding: str, body: bytes) -> bytes:
+        inflater = rest_body._decompressor(encoding, body)
+        out: list[bytes] = []
+        size = await rest_body._inflate(inflater, body, out, 0, 1 << 30)
+        while not inflater.eof:
+            before = size
+            size = await rest_body._inflate(inflater, b"", out, size, 1 << 30, drain=True)
+            if size == before:
+                break
+        assert inflater.eof
+        return b"".join(out)
+
+    async def main() -> None:
+        piece = rest_body.INFLATE_BYTES
+        for n in (0, 1, piece - 1, piece, piece + 1, 3 * piece + 258):
+            data = bytes(range(256)) * (n // 256) + b"x" * (n % 256)
+            for encoding, body in (("gzip", gzip.compress(data)), ("deflate", zlib.compress(data)),
+                                   ("deflate", zlib.compress(data)[2:-4])):
+                assert await inflate(encoding, body) == data, (n, encoding)
+
+    asyncio.run(main())
