@@ -12,6 +12,7 @@ Encoding always uses `tensor_content` for numbers and `string_val` for strings.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -145,7 +146,7 @@ def to_ndarray(proto: tensor_pb2.TensorProto, *, name: str, max_bytes: int) -> n
     if is_string:
         items = list(values)
         # A fill is as many copies as the shape holds once TensorFlow makes a tensor of it.
-        lengths = [len(items[0])] * count if n != count else map(len, items)
+        lengths = itertools.repeat(len(items[0]), count) if n != count else map(len, items)
         check_bytes(where, shape, string_bytes(lengths, count), max_bytes)
         flat = np.empty(n, dtype=object)
         flat[:] = items

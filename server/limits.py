@@ -72,9 +72,9 @@ MAX_VERSION = 2**63 - 1
 """Versions are int64s, as in TF Serving's ModelSpec."""
 
 
-def version_number(text: str) -> int | None:
-    """The version a folder name or URL segment names: ASCII digits only (str.isdigit also takes
-    other scripts' digits, which int() reads), at most an int64; else None."""
+def ascii_int64(text: str) -> int | None:
+    """The number a version (folder name, URL segment) or a length header writes: ASCII digits only
+    (str.isdigit also takes other scripts' digits, which int() reads), at most an int64; else None."""
     if not (0 < len(text) <= 19 and text.isascii() and text.isdigit()):
         return None
     value = int(text)

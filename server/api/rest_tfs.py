@@ -26,7 +26,7 @@ from server.api.tfs import signature_def_map
 from server.api.tfs_model_service import model_status
 from server.core.servables import Registry, Servable
 from server.errors import InvalidInput, NotFound, Unimplemented
-from server.limits import MAX_VERSION, version_number
+from server.limits import MAX_VERSION, ascii_int64
 
 PROTOCOL = "tfserving-rest"
 _PATH = re.compile(r"/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
@@ -57,7 +57,7 @@ class TfsRest(rest.RestFrontEnd):
             raise NotFound(f"no such URL: {request.path}; the API is /v1/models/NAME[/versions/N|/labels/L]"
                            f"[/metadata|:predict]")
         text = match.group("version")
-        version = None if text is None else version_number(text)
+        version = None if text is None else ascii_int64(text)
         if text is not None and version is None:
             raise InvalidInput(f"version '{text[:40]}' in the URL is not a version number (ASCII digits, at most "
                                f"{MAX_VERSION})")

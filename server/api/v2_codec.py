@@ -81,9 +81,8 @@ def decode_raw(name: str, datatype: str, shape: Sequence[int], raw: bytes, max_b
     dims = checked_shape(shape, entry, where, max_bytes)
     count = math.prod(dims)
     if entry.name == "BYTES":
-        # Each element's 4-byte length prefix becomes an 8-byte pointer once split.
-        check_bytes(where, dims, len(raw) - LENGTH_PREFIX.itemsize * count + STRING_ELEMENT_BYTES * count,
-                    max_bytes)
+        # The elements' bytes are what remains once their 4-byte length prefixes are taken off.
+        check_bytes(where, dims, string_bytes([len(raw) - LENGTH_PREFIX.itemsize * count], count), max_bytes)
         return _split_bytes(raw, count, where).reshape(dims)
     expected = count * entry.numpy.itemsize
     if len(raw) != expected:

@@ -21,7 +21,7 @@ import numpy as np
 from server.api import json_codec, v2_codec
 from server.core.signatures import DEFAULT_SIGNATURE
 from server.errors import InvalidInput
-from server.limits import check_array
+from server.limits import ascii_int64, check_array
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 REQUEST_FIELDS = ("id", "parameters", "inputs", "outputs")
@@ -45,11 +45,10 @@ def split_body(raw: bytes, header_length: str | None) -> tuple[bytes, memoryview
     """(JSON part, binary part) of a body, from the Inference-Header-Content-Length header."""
     if header_length is None:
         return raw, memoryview(b"")
-    text = header_length.strip()
-    if not _is_count(text) or int(text) > len(raw):
+    length = ascii_int64(header_length.strip())
+    if length is None or length > len(raw):
         raise InvalidInput(f"{HEADER_LENGTH} is '{header_length[:40]}'; it must be the JSON part's length in bytes, "
                            f"at most the body's {len(raw)}")
-    length = int(text)
     return raw[:length], memoryview(raw)[length:]
 
 
@@ -62,13 +61,8 @@ def decode_infer_body(raw: bytes, header_length: str | None, max_bytes: int) -> 
 
 def json_bytes(raw: bytes, header_length: str | None) -> int:
     """How much of a body is JSON (what decoding it costs scales with)."""
-    text = (header_length or "").strip()
-    return min(int(text), len(raw)) if _is_count(text) else len(raw)
-
-
-def _is_count(text: str) -> bool:
-    """ASCII digits only (str.isdigit also takes other scripts' digits), and few enough for int()."""
-    return 0 < len(text) <= 19 and text.isascii() and text.isdigit()
+    length = ascii_int64((header_length or "").strip())
+    return len(raw) if length is None else min(length, len(raw))
 
 
 def _object(value: Any, where: str, known: tuple[str, ...]) -> dict[str, Any]:

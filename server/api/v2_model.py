@@ -10,7 +10,7 @@ from server.api import v2_codec
 from server.core.servables import Registry, Servable
 from server.core.signatures import DEFAULT_SIGNATURE, Signature
 from server.errors import InvalidInput, NotFound, Unavailable
-from server.limits import MAX_VERSION, version_number
+from server.limits import MAX_VERSION, ascii_int64
 
 SERVER_NAME = "mirrorserve"
 PLATFORM = "tensorflow_savedmodel"
@@ -28,7 +28,7 @@ def parse_version(text: str, where: str) -> int | None:
     """A version string: empty for the highest available, else a number."""
     if not text:
         return None
-    version = version_number(text)
+    version = ascii_int64(text)
     if version is None:
         raise InvalidInput(f"{where} '{text[:40]}' is not a version number (ASCII digits, at most {MAX_VERSION})")
     return version

@@ -19,7 +19,7 @@ from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
 from server.codec import numpy_dtype
 from server.core.signatures import ModelInfo, Signature, TensorSpec
-from server.limits import version_number
+from server.limits import ascii_int64
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def scan_versions(base_path: str | Path) -> dict[int, Path]:
         raise FileNotFoundError(f"model base path {base} is not a folder")
     versions = {}
     for path in base.iterdir():
-        version = version_number(path.name)
+        version = ascii_int64(path.name)
         if version is not None and (path / "saved_model.pb").is_file():
             versions[version] = path
     return versions
