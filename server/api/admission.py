@@ -6,7 +6,7 @@ deadline on the server's clock."""
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -75,7 +75,7 @@ def limited(behavior: GrpcBehavior, limit: ConcurrencyLimit, recorder: Recorder,
     """A gRPC handler within the concurrency limit: refused RESOURCE_EXHAUSTED (counted) beyond it."""
 
     async def handler(raw: Any, context: grpc.aio.ServicerContext) -> Any:
-        if limit.active >= limit.limit:
+        if limit.full():
             code, message = recorder.failed(method, limit.refusal(), time.perf_counter(), peer=context.peer())
             await context.abort(code, message)
         limit.active += 1
@@ -85,6 +85,19 @@ def limited(behavior: GrpcBehavior, limit: ConcurrencyLimit, recorder: Recorder,
             limit.active -= 1
 
     return handler
+
+
+def add_limited_handlers(server: grpc.aio.Server, service: Any, behaviors: Mapping[str, tuple[GrpcBehavior, Any]],
+                         recorder: Recorder, limit: ConcurrencyLimit) -> None:
+    """Register a service's methods (method -> (handler, response message class)), each within the
+    concurrency limit; the names must be the service descriptor's, all of them."""
+    handlers = {
+        method: grpc.unary_unary_rpc_method_handler(limited(behavior, limit, recorder, method),
+                                                    response_serializer=response.SerializeToString)
+        for method, (behavior, response) in behaviors.items()
+    }
+    assert set(handlers) == {m.name for m in service.methods}, "handlers and protos disagree"
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
 
 
 def deadline_of(context: grpc.aio.ServicerContext) -> float | None:

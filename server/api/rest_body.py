@@ -57,9 +57,10 @@ bodies parked for it cannot pile up in memory."""
 
 def _decompressor(encoding: str, first: bytes) -> Any:
     wbits = ENCODINGS[encoding]
+    assert wbits is not None, "identity bodies are not decompressed"
     if encoding == "deflate" and first and first[0] & 0x0F != 8:
         wbits = -zlib.MAX_WBITS
-    return zlib.decompressobj(wbits) if wbits is not None else None
+    return zlib.decompressobj(wbits)
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
@@ -90,19 +91,12 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         # A gzip stream ends with its decompressed size: a bomb is refused without inflating it.
         # (A trailer that lies is caught by zlib at the end, or by the limit while inflating.)
         raise TooLarge(f"the body decompresses to over the limit of {limit} bytes (--max-message-bytes)")
-    inflater = _decompressor(encoding, chunks[0] if chunks else b"")
-    out: list[bytes] = []
-    size = 0
-    for data in chunks:
-        size = await _inflate(inflater, data, out, size, limit)
-    while not inflater.eof:  # output zlib still holds once every input byte is in, if any
-        before = size
-        size = await _inflate(inflater, b"", out, size, limit, drain=True)
-        if size == before:
-            break
+    compressed = b"".join(chunks)
+    inflater = _decompressor(encoding, compressed)
+    body = await _inflate(inflater, compressed, limit)
     if not inflater.eof:
         raise UnsupportedEncoding(f"the {encoding} body ends before its compressed stream does")
-    return b"".join(out)
+    return body
 
 
 def _gzip_size(chunks: list[bytes]) -> int:
@@ -128,12 +122,12 @@ def _lower_thread_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HELPER_NICENESS)
 
 
-async def _inflate(inflater: Any, data: bytes, chunks: list[bytes], size: int, limit: int,
-                   drain: bool = False) -> int:
-    """Decompress `data` a bounded piece at a time into `chunks`; the new total size. With
-    `drain`, one piece of what zlib still holds, from no new input."""
-    while data or drain:
-        drain = False
+async def _inflate(inflater: Any, data: bytes, limit: int) -> bytes:
+    """Decompress `data` a bounded piece at a time, then what zlib still holds once every input
+    byte is in, until the stream ends or nothing more comes out."""
+    pieces: list[bytes] = []
+    size = 0
+    while True:
         try:
             piece = await asyncio.get_running_loop().run_in_executor(_inflating(), inflater.decompress, data,
                                                                      INFLATE_BYTES)
@@ -142,9 +136,10 @@ async def _inflate(inflater: Any, data: bytes, chunks: list[bytes], size: int, l
         size += len(piece)
         if size > limit:
             raise TooLarge(f"the body decompresses to over the limit of {limit} bytes (--max-message-bytes)")
-        chunks.append(piece)
+        pieces.append(piece)
         data = inflater.unconsumed_tail
-    return size
+        if inflater.eof or not (data or piece):
+            return b"".join(pieces)
 
 
 def _helper_started() -> None:

@@ -12,7 +12,7 @@ import grpc
 
 from protos.tensorflow_serving import get_model_metadata_pb2, model_pb2, predict_pb2, prediction_service_pb2
 from server import codec
-from server.api.admission import Admission, ConcurrencyLimit, GrpcBehavior, deadline_of, limited
+from server.api.admission import Admission, ConcurrencyLimit, add_limited_handlers, deadline_of
 from server.api.recording import Recorder
 from server.api.status import parse
 from server.core.servables import Registry, Servable
@@ -142,15 +142,7 @@ class PredictionServicer(Admission):
 def add_to_server(servicer: PredictionServicer, server: grpc.aio.Server, limit: ConcurrencyLimit) -> None:
     """Register the PredictionService methods, names taken from the service descriptor, each
     within the server's concurrency limit."""
-    service = SERVICE
-    responses: dict[str, tuple[GrpcBehavior, Any]] = {
+    add_limited_handlers(server, SERVICE, {
         "Predict": (servicer.predict, predict_pb2.PredictResponse),
         "GetModelMetadata": (servicer.get_model_metadata, get_model_metadata_pb2.GetModelMetadataResponse),
-    }
-    handlers = {
-        method: grpc.unary_unary_rpc_method_handler(limited(behavior, limit, servicer.recorder, method),
-                                                    response_serializer=response.SerializeToString)
-        for method, (behavior, response) in responses.items()
-    }
-    assert set(handlers) == {m.name for m in service.methods}, "handlers and protos disagree"
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    }, servicer.recorder, limit)

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from protos.tensorflow_serving import get_model_status_pb2, model_management_pb2, model_service_pb2
-from server.api.admission import ConcurrencyLimit, GrpcBehavior, limited
+from server.api.admission import ConcurrencyLimit, add_limited_handlers
 from server.api.control import ControlPlane, grpc_credentials
 from server.api.recording import Recorder
 from server.api.status import parse
@@ -118,16 +118,8 @@ class ModelServiceServicer:
 def add_to_server(servicer: ModelServiceServicer, server: grpc.aio.Server, limit: ConcurrencyLimit) -> None:
     """Register the ModelService methods, names taken from the service descriptor, each within the
     server's concurrency limit."""
-    service = SERVICE
-    responses: dict[str, tuple[GrpcBehavior, Any]] = {
+    add_limited_handlers(server, SERVICE, {
         "GetModelStatus": (servicer.get_model_status, get_model_status_pb2.GetModelStatusResponse),
         "HandleReloadConfigRequest": (servicer.handle_reload_config_request,
                                       model_management_pb2.ReloadConfigResponse),
-    }
-    handlers = {
-        method: grpc.unary_unary_rpc_method_handler(limited(behavior, limit, servicer.recorder, method),
-                                                    response_serializer=response.SerializeToString)
-        for method, (behavior, response) in responses.items()
-    }
-    assert set(handlers) == {m.name for m in service.methods}, "handlers and protos disagree"
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    }, servicer.recorder, limit)

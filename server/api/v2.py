@@ -18,7 +18,7 @@ from google.protobuf import json_format
 
 from protos.inference import grpc_service_pb2 as pb
 from server.api import v2_codec, v2_model
-from server.api.admission import Admission, ConcurrencyLimit, GrpcBehavior, deadline_of, limited
+from server.api.admission import Admission, ConcurrencyLimit, add_limited_handlers, deadline_of
 from server.api.recording import Recorder
 from server.api.status import parse
 from server.core.servables import Registry, Servable
@@ -145,19 +145,12 @@ def _response(request: Any, servable: Servable, signature: Signature, wanted: li
 def add_to_server(servicer: V2Servicer, server: grpc.aio.Server, limit: ConcurrencyLimit) -> None:
     """Register the GRPCInferenceService methods, names taken from the service descriptor, each
     within the server's concurrency limit."""
-    responses: dict[str, tuple[GrpcBehavior, Any]] = {
+    add_limited_handlers(server, SERVICE, {
         "ServerLive": (servicer.server_live, pb.ServerLiveResponse),
         "ServerReady": (servicer.server_ready, pb.ServerReadyResponse),
         "ModelReady": (servicer.model_ready, pb.ModelReadyResponse),
         "ServerMetadata": (servicer.server_metadata, pb.ServerMetadataResponse),
         "ModelMetadata": (servicer.model_metadata, pb.ModelMetadataResponse),
         "ModelInfer": (servicer.model_infer, pb.ModelInferResponse),
-    }
-    handlers = {
-        method: grpc.unary_unary_rpc_method_handler(limited(handler, limit, servicer.recorder, method),
-                                                    response_serializer=response.SerializeToString)
-        for method, (handler, response) in responses.items()
-    }
-    assert set(handlers) == {m.name for m in SERVICE.methods}, "handlers and protos disagree"
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
+    }, servicer.recorder, limit)
 

@@ -95,7 +95,6 @@ class ModelProcess:
         self._unloads: dict[int, asyncio.Future[None]] = {}
         self._seq = itertools.count()
         self._lost: str | None = None
-        self._reading = False
 
     async def start(self) -> Started:
         """Spawn the worker and wait until its devices and threads are set up."""
@@ -110,7 +109,6 @@ class ModelProcess:
         loop = asyncio.get_running_loop()
         self._first = loop.create_future()
         self._channel = await WorkerChannel.open(ours, self._on_message, self._on_channel_lost)
-        self._reading = True
         self._process.start()
         child.close()
         child_handles.close()
@@ -204,7 +202,6 @@ class ModelProcess:
         self._answer(message)
 
     def _on_channel_lost(self, why: str) -> None:
-        self._reading = False
         first = self._first
         if first is not None and not first.done():
             first.set_exception(_StartLost(why))
@@ -258,7 +255,7 @@ class ModelProcess:
         if self._lost is not None:
             return
         self._lost = why
-        self._stop_reading()
+        self._close_channel()
         log.error("the model worker process is gone (%s)", why)
         gone = Unavailable(f"the model worker is gone ({why}); retry on another replica")
         waiting: list[asyncio.Future[Any]] = [f for f, _, _ in self._pending.values()]
@@ -271,17 +268,14 @@ class ModelProcess:
         self._unloads.clear()
         self._on_lost(why)
 
-    def _stop_reading(self) -> None:
-        if self._reading and self._channel is not None:
-            self._reading = False
-            self._channel.close()
+    def _close_channel(self) -> None:
+        if self._channel is not None:
+            self._channel.close()  # a no-op once the channel is lost
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Close our end (the worker exits on it) and reap the process."""
         self._lost = self._lost or "closed"
-        if self._channel is not None:
-            self._channel.close()
-            self._reading = False
+        self._close_channel()
         if self._handles is not None:
             self._handles.close()
         if self._process is not None:

@@ -113,8 +113,6 @@ class SlotStrings:
     shape: tuple[int, ...]
     lengths: int
     data: int
-    size: int
-    """Bytes at `data`."""
 
 
 @dataclass(frozen=True)
@@ -163,7 +161,7 @@ def _values(array: np.ndarray) -> list[bytes]:
 
 
 def _string_bytes(array: np.ndarray) -> int:
-    return sum(len(v) if isinstance(v, bytes) else len(str(v).encode()) for v in array.ravel())
+    return sum(map(len, _values(array)))
 
 
 def write_batch(buffer: mmap.mmap, parts: Sequence[Mapping[str, np.ndarray]]) -> dict[str, SlotArray | SlotStrings]:
@@ -181,7 +179,7 @@ def write_batch(buffer: mmap.mmap, parts: Sequence[Mapping[str, np.ndarray]]) ->
             lengths[:] = [len(v) for v in values]
             data = offset + _aligned(lengths.nbytes)
             size = _write_strings(buffer, data, values)
-            placed[name] = SlotStrings(shape, offset, data, size)
+            placed[name] = SlotStrings(shape, offset, data)
             offset = data + _aligned(size)
             continue
         view = np.ndarray(shape, first.dtype, buffer=buffer, offset=offset)

@@ -51,7 +51,7 @@ def test_parts_land_in_the_slot_as_one_batch_rows_in_order() -> None:
     placed = write_batch(buffer, parts)
     assert placed["x"] == SlotArray("<f4", (7, 3), 0)
     assert placed["k"] == SlotArray("<i8", (7,), 2 * ALIGN)
-    assert placed["s"] == SlotStrings((7,), 3 * ALIGN, 4 * ALIGN, 14)
+    assert placed["s"] == SlotStrings((7,), 3 * ALIGN, 4 * ALIGN)
     back = read_batch(buffer, pickle.loads(pickle.dumps(placed)))
     for name in ("x", "k", "s"):
         np.testing.assert_array_equal(back[name], np.concatenate([p[name] for p in parts]))
