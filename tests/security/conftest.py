@@ -8,6 +8,7 @@ Everything stays on loopback: the servers listen on 127.0.0.1 only (--grpc-bind-
 
 from __future__ import annotations
 
+import http.client
 import statistics
 import subprocess
 import sys
@@ -81,6 +82,18 @@ def worker_pid(server: ServerProcess) -> int:
     pid = server.process.pid
     children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     return max(children, key=rss_mb)
+
+
+def post(port: int, path: str, body: bytes, headers: dict[str, str], timeout: float = 60) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        connection.request("POST", path, body=body, headers=headers)
+        answer = connection.getresponse()
+        return answer.status, answer.read()
+    except (ConnectionResetError, BrokenPipeError):
+        return 0, b""  # the server refused the body and closed before all of it went out
+    finally:
+        connection.close()
 
 
 @dataclass

@@ -7,26 +7,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import gzip
-import http.client
 import json
 import time
 import zlib
 
-from tests.security.conftest import RSS_SLACK_MB, Attack, Bystander, assert_unharmed
+from tests.security.conftest import RSS_SLACK_MB, Attack, Bystander, assert_unharmed, post
 
 MIB = 1 << 20
-
-
-def post(port: int, path: str, body: bytes, headers: dict[str, str], timeout: float = 60) -> tuple[int, bytes]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        connection.request("POST", path, body=body, headers=headers)
-        answer = connection.getresponse()
-        return answer.status, answer.read()
-    except (ConnectionResetError, BrokenPipeError):
-        return 0, b""  # closed before the whole body went out: what a refused bomb may see
-    finally:
-        connection.close()
 
 
 def gzip_bomb(decompressed: int) -> bytes:
