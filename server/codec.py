@@ -15,42 +15,34 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from typing import cast
 
-import ml_dtypes
 import numpy as np
-from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 
+from protos.tf.tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+from server import dtypes
 from server.errors import InvalidInput
 from server.limits import MAX_RANK, STRING_ELEMENT_BYTES, check_bytes, check_shape, string_bytes
+
+_FIELDS = {
+    "DT_HALF": "half_val", "DT_BFLOAT16": "half_val", "DT_FLOAT": "float_val", "DT_DOUBLE": "double_val",
+    "DT_INT8": "int_val", "DT_INT16": "int_val", "DT_INT32": "int_val", "DT_INT64": "int64_val",
+    "DT_UINT8": "int_val", "DT_UINT16": "int_val", "DT_UINT32": "uint32_val", "DT_UINT64": "uint64_val",
+    "DT_BOOL": "bool_val", "DT_STRING": "string_val",
+}
+"""The typed repeated field of TensorProto that carries each dtype's values."""
 
 
 @dataclass(frozen=True)
 class _DType:
-    enum: int
+    enum: types_pb2.DataType
     numpy: np.dtype
-    field: str  # the typed repeated field of TensorProto that carries this dtype
+    field: str
 
 
-_TABLE = (
-    _DType(types_pb2.DT_HALF, np.dtype("<f2"), "half_val"),
-    _DType(types_pb2.DT_BFLOAT16, np.dtype(ml_dtypes.bfloat16), "half_val"),
-    _DType(types_pb2.DT_FLOAT, np.dtype("<f4"), "float_val"),
-    _DType(types_pb2.DT_DOUBLE, np.dtype("<f8"), "double_val"),
-    _DType(types_pb2.DT_INT8, np.dtype("i1"), "int_val"),
-    _DType(types_pb2.DT_INT16, np.dtype("<i2"), "int_val"),
-    _DType(types_pb2.DT_INT32, np.dtype("<i4"), "int_val"),
-    _DType(types_pb2.DT_INT64, np.dtype("<i8"), "int64_val"),
-    _DType(types_pb2.DT_UINT8, np.dtype("u1"), "int_val"),
-    _DType(types_pb2.DT_UINT16, np.dtype("<u2"), "int_val"),
-    _DType(types_pb2.DT_UINT32, np.dtype("<u4"), "uint32_val"),
-    _DType(types_pb2.DT_UINT64, np.dtype("<u8"), "uint64_val"),
-    _DType(types_pb2.DT_BOOL, np.dtype("?"), "bool_val"),
-    _DType(types_pb2.DT_STRING, np.dtype(object), "string_val"),
-)
-_BY_ENUM = {d.enum: d for d in _TABLE}
-_BY_NUMPY = {d.numpy.newbyteorder("=") if d.numpy.byteorder != "|" else d.numpy: d for d in _TABLE}
+_BY_ENUM = {d.enum: _DType(cast("types_pb2.DataType", d.enum), d.numpy, _FIELDS[d.name]) for d in dtypes.SUPPORTED}
 # Dtypes whose bytes already are the wire format (little-endian numbers): encoded without conversion.
-_WIRE = {d.numpy: d for d in _TABLE if d.enum != types_pb2.DT_STRING}
+_WIRE = {d.numpy: d for d in _BY_ENUM.values() if d.enum != types_pb2.DT_STRING}
 # Every field that can carry values: all of TensorProto's but the header, read from the descriptor so
 # fields added by newer TensorFlow versions (float8_val, ...) are refused too, not silently ignored.
 _VALUE_FIELDS = frozenset(f.name for f in tensor_pb2.TensorProto.DESCRIPTOR.fields) - {
@@ -69,26 +61,15 @@ def dtype_name(enum: int) -> str:
 
 
 def _unsupported(enum: int) -> str:
-    supported = ", ".join(dtype_name(d.enum) for d in _TABLE)
-    return f"unsupported dtype {dtype_name(enum)}; supported: {supported}"
+    return dtypes.unsupported(dtype_name(enum))
 
 
 def numpy_dtype(enum: int) -> np.dtype:
     """The numpy dtype a TensorFlow dtype enum decodes to; InvalidInput if unsupported."""
-    entry = _BY_ENUM.get(enum)
-    if entry is None:
-        raise InvalidInput(_unsupported(enum))
-    return entry.numpy
+    return dtypes.numpy_dtype(enum, dtype_name(enum))
 
 
-def dtype_enum(dtype: np.dtype) -> int:
-    """The TensorFlow dtype enum for a numpy dtype (str and bytes map to DT_STRING)."""
-    if dtype.kind in ("U", "S", "O"):
-        return int(types_pb2.DT_STRING)
-    entry = _BY_NUMPY.get(dtype.newbyteorder("=") if dtype.byteorder != "|" else dtype)
-    if entry is None:
-        raise InvalidInput(f"numpy dtype {dtype} has no TensorFlow Serving encoding")
-    return int(entry.enum)
+dtype_enum = dtypes.dtype_enum
 
 
 def to_ndarray(proto: tensor_pb2.TensorProto, *, name: str, max_bytes: int) -> np.ndarray:
@@ -221,7 +202,7 @@ def fill_tensor_proto(proto: tensor_pb2.TensorProto, array: np.ndarray) -> None:
         proto.tensor_shape.dim.extend(_dims(array.shape))
         proto.tensor_content = array.tobytes()  # C order, whatever the layout
         return
-    enum = dtype_enum(array.dtype)
+    enum = _BY_ENUM[dtype_enum(array.dtype)].enum
     proto.dtype = enum
     proto.tensor_shape.dim.extend(_dims(array.shape))
     if enum == types_pb2.DT_STRING:

@@ -2,7 +2,7 @@
 
 Start: the config is read and checked (a bad one exits 2, naming the line); the gRPC port opens,
 with health NOT_SERVING and Predict answering UNAVAILABLE, so probes see the truth while
-TensorFlow loads. TensorFlow runs in a child process (server.core.model_worker: devices, the strategy,
+TensorFlow loads. TensorFlow runs in a child process (server.worker.loop: devices, the strategy,
 then every model version the lifecycle asks for, warmed up); once every configured model has an
 AVAILABLE version, health turns SERVING and one start-up line is logged. From then on
 server.core.lifecycle polls version folders (and the config file) and rolls versions in and out. If

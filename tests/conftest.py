@@ -15,7 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Base paths (BASE/<version>/) of every model the tests serve."""
-    from server.core.demo_model import build_demo_model
+    from server.worker.demo_model import build_demo_model
     from tests.integration.saved_models import build_batch_rows, build_echo, build_logic, build_multi, build_slow
 
     root = tmp_path_factory.mktemp("models")

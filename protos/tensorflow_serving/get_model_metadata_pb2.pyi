@@ -1,5 +1,5 @@
 from google.protobuf import any_pb2 as _any_pb2
-from tensorflow.core.protobuf import meta_graph_pb2 as _meta_graph_pb2
+from protos.tf.tensorflow.core.protobuf import meta_graph_pb2 as _meta_graph_pb2
 from protos.tensorflow_serving import model_pb2 as _model_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor

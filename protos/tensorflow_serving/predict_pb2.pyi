@@ -1,4 +1,4 @@
-from tensorflow.core.framework import tensor_pb2 as _tensor_pb2
+from protos.tf.tensorflow.core.framework import tensor_pb2 as _tensor_pb2
 from protos.tensorflow_serving import model_pb2 as _model_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor

@@ -1,5 +1,5 @@
-from tensorflow.core.protobuf import error_codes_pb2 as _error_codes_pb2
-from xla.tsl.protobuf import error_codes_pb2 as _error_codes_pb2_1
+from protos.tf.tensorflow.core.protobuf import error_codes_pb2 as _error_codes_pb2
+from protos.tf.xla.tsl.protobuf import error_codes_pb2 as _error_codes_pb2_1
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union

@@ -39,6 +39,14 @@ def _proto_json(message: Any) -> Any:
                                      always_print_fields_with_no_presence=True)
 
 
+def _signature_def_json(servable: Servable) -> Any:
+    """The SignatureDefMap as JSON, maps in key order (a proto map's own order varies by process)."""
+    signature_map = _proto_json(signature_def_map(servable))
+    return {"signature_def": {
+        name: {**sdef, "inputs": dict(sorted(sdef["inputs"].items())), "outputs": dict(sorted(sdef["outputs"].items()))}
+        for name, sdef in sorted(signature_map["signature_def"].items())}}
+
+
 class TfsRest(rest.RestFrontEnd):
     def __init__(self, registry: Registry, max_body_bytes: int, decoder: BodyDecoder) -> None:
         super().__init__(Recorder(registry, PROTOCOL))
@@ -79,7 +87,7 @@ class TfsRest(rest.RestFrontEnd):
                 raise InvalidInput(f"'{suffix}' takes POST; GET serves the status and /metadata")
             servable = self._registry.resolve(name, version, label)
             body = {"model_spec": {"name": servable.name, "signature_name": "", "version": str(servable.version)},
-                    "metadata": {"signature_def": _proto_json(signature_def_map(servable))}}
+                    "metadata": {"signature_def": _signature_def_json(servable)}}
             self._recorder.record(method, grpc.StatusCode.OK, started, servable, name)
             return rest.json_response(body)
         except Exception as exc:

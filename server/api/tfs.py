@@ -41,8 +41,19 @@ def version_choice(spec: Any) -> tuple[int | None, str | None]:
 def signature_def_map(servable: Servable) -> Any:
     """The version's SignatureDefMap, what GetModelMetadata returns under signature_def."""
     signature_map = get_model_metadata_pb2.SignatureDefMap()
-    for signature_name, sdef in servable.signature_defs.items():
-        signature_map.signature_def[signature_name].CopyFrom(sdef)
+    for signature_name, definition in servable.signature_defs.items():
+        sdef = signature_map.signature_def[signature_name]
+        for protos, infos in ((sdef.inputs, definition.inputs), (sdef.outputs, definition.outputs)):
+            for key, info in infos.items():
+                proto = protos[key]
+                proto.name = info.name
+                proto.dtype = info.dtype
+                proto.tensor_shape.SetInParent()
+                if info.dims is None:
+                    proto.tensor_shape.unknown_rank = True
+                for size, name in info.dims or ():
+                    proto.tensor_shape.dim.add(size=size, name=name)
+        sdef.method_name = definition.method_name
     return signature_map
 
 
@@ -128,7 +139,8 @@ class PredictionServicer(Admission):
             response = get_model_metadata_pb2.GetModelMetadataResponse()
             response.model_spec.name = servable.name
             response.model_spec.version.value = servable.version
-            response.metadata[SIGNATURE_DEF].Pack(signature_def_map(servable))
+            # Deterministic: the maps in key order, the same bytes from every process.
+            response.metadata[SIGNATURE_DEF].Pack(signature_def_map(servable), deterministic=True)
         except Exception as exc:
             await self._recorder.fail("GetModelMetadata", exc, context, started, servable, name)
         self._record("GetModelMetadata", grpc.StatusCode.OK, started, servable, name)

@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 
 from protos.tensorflow_serving import get_model_status_pb2, model_management_pb2, model_service_pb2
+from protos.tf.tensorflow.core.protobuf import error_codes_pb2
 from server.api.admission import ConcurrencyLimit, add_limited_handlers
 from server.api.control import ControlPlane, grpc_credentials
 from server.api.recording import Recorder
@@ -29,7 +30,7 @@ from server.core.model_config import ConfigError, from_proto
 from server.core.servables import Registry
 from server.errors import InvalidInput, NotFound, Unavailable
 
-OK = 0
+OK = error_codes_pb2.OK
 SERVICE = model_service_pb2.DESCRIPTOR.services_by_name["ModelService"]
 
 

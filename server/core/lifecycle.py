@@ -28,20 +28,18 @@ import time
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from pathlib import Path
 
-from tensorflow.core.protobuf import meta_graph_pb2
-
 from server import metrics
 from server.config import Settings
 from server.core import batching_policy
 from server.core.assembly import Tensors, replica_bounds
 from server.core.batcher import Batcher
 from server.core.batching_policy import BatchingPolicy
-from server.core.model import scan_versions
 from server.core.model_config import ConfigError, ModelSource, read_config_file
 from server.core.model_process import LoadError, ModelProcess
 from server.core.prediction import Predictor
 from server.core.servables import Model, Registry, Servable, State
 from server.core.signatures import BatchKey, ModelInfo
+from server.core.version_folders import scan_versions
 from server.errors import Unavailable
 
 log = logging.getLogger("server.core.lifecycle")
@@ -248,8 +246,7 @@ class Lifecycle:
             return
         info = loaded.info
         await self._warm_batch_path(servable.id, info, policy.max_inflight_batches)
-        servable.signature_defs = {k: meta_graph_pb2.SignatureDef.FromString(v)
-                                   for k, v in loaded.signature_defs.items()}
+        servable.signature_defs = loaded.signature_defs
         servable.predictor = Predictor(info, self._batcher_for(servable, policy))
         self._by_id[servable.id] = servable
         servable.state = State.AVAILABLE

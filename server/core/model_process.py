@@ -1,4 +1,4 @@
-"""The server's handle on its model worker process (server.core.model_worker).
+"""The server's handle on its model worker process (server.worker.loop).
 
 Everything here runs on the event loop and never blocks it for long: a batch is copied into a
 shared-memory slot and announced with a small message over the worker channel
@@ -26,7 +26,6 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from server.config import Settings
-from server.core import model_worker
 from server.core.assembly import Tensors
 from server.core.worker_channel import WorkerChannel
 from server.core.worker_protocol import (
@@ -56,6 +55,14 @@ INLINE_WRITE_BYTES = 4 << 20
 ones on a thread, so the loop serves other requests meanwhile."""
 CLEAN_EXIT = {"FileNotFoundError": FileNotFoundError, "ValueError": ValueError, "OSError": OSError}
 
+
+
+def _worker_main(*args: Any) -> None:
+    """The worker process's entry point. The worker's code (and TensorFlow) is imported there, in
+    the child, never in the serving process."""
+    from server.worker import loop
+
+    loop.run(*args)
 
 class _StartLost(Exception):
     """The channel ended before the worker said it had started."""
@@ -104,7 +111,7 @@ class ModelProcess:
         child = Connection(theirs.detach())
         child_handles = Connection(their_handles.detach())
         self._handles = Connection(handles.detach())
-        self._process = context.Process(target=model_worker.run, args=(child, child_handles, self._settings),
+        self._process = context.Process(target=_worker_main, args=(child, child_handles, self._settings),
                                         name="mirrorserve-model", daemon=True)
         loop = asyncio.get_running_loop()
         self._first = loop.create_future()

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from server.core.model_config import ModelSource
 from server.core.prediction import Predictor
+from server.core.signatures import SignatureDefinition
 from server.errors import InvalidInput, NotFound, Unavailable
 
 
@@ -47,7 +48,7 @@ class Servable:
     retry_at: float = 0.0
     predictor: Predictor | None = None
     """While AVAILABLE (and UNLOADING, for requests already queued)."""
-    signature_defs: dict[str, Any] = field(default_factory=dict)
+    signature_defs: Mapping[str, SignatureDefinition] = field(default_factory=dict)
     cache: dict[Hashable, Any] = field(default_factory=dict)
     """Values the front-ends build once per version (response protos, metric children)."""
 

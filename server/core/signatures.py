@@ -148,6 +148,28 @@ class Signature:
 
 
 @dataclass(frozen=True)
+class TensorInfo:
+    """One input or output as the SavedModel's SignatureDef describes it (TensorFlow's TensorInfo),
+    in plain types: the worker reads it, the serving process encodes it for GetModelMetadata."""
+
+    name: str
+    """The graph tensor's name, e.g. 'serving_default_x:0'."""
+    dtype: int
+    """TensorFlow's DataType enum number."""
+    dims: tuple[tuple[int, str], ...] | None
+    """(size, name) per dimension, size -1 when unknown; None for unknown rank."""
+
+
+@dataclass(frozen=True)
+class SignatureDefinition:
+    """A SignatureDef in plain types: what GetModelMetadata reports, exactly as the SavedModel has it."""
+
+    method_name: str
+    inputs: Mapping[str, TensorInfo]
+    outputs: Mapping[str, TensorInfo]
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     """The served model as the request path sees it."""
 

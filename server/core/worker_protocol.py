@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from server.core.signatures import ModelInfo
+from server.core.signatures import ModelInfo, SignatureDefinition
 
 ALIGN = 64
 """Byte alignment of every array placed in a slot."""
@@ -60,8 +60,8 @@ class Load:
 class Loaded:
     servable: int
     info: ModelInfo
-    signature_defs: dict[str, bytes]
-    """Serialized SignatureDef protos, as GetModelMetadata returns them."""
+    signature_defs: dict[str, SignatureDefinition]
+    """The SavedModel's SignatureDefs, as GetModelMetadata returns them."""
     seconds: float
     """Load and warm-up time."""
 

@@ -1,4 +1,4 @@
-"""Which TensorFlow executor a signature's program runs on (server.core.replicas), in-process on
+"""Which TensorFlow executor a signature's program runs on (server.worker.replicas), in-process on
 real SavedModels: the single-threaded one where it runs the graph, the default one where it
 refuses it, and the same answers either way."""
 
@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from server.core import model, replicas
 from server.errors import ModelFailure
+from server.worker import replicas
+from server.worker import saved_model as model
 
 LOADED: list[model.LoadedModel] = []
 """The models loaded here, kept alive as the server keeps them (their variables go with them)."""

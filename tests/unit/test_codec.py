@@ -589,12 +589,17 @@ def test_strings_are_counted_by_their_lengths_plus_what_each_element_costs() -> 
     assert f"({exact} bytes decoded); the limit is {exact - 1}" in message
 
 
-def test_the_tensorflow_free_dtype_names_agree_with_tensorflows() -> None:
-    from server.codec import _TABLE
-    from server.dtypes import tf_name
+def test_the_tensorflow_free_dtype_table_agrees_with_tensorflows() -> None:
+    """server.dtypes holds TensorFlow's enum numbers and names itself; they must be TensorFlow's."""
+    import tensorflow as tf
 
-    for entry in _TABLE:
+    from server.dtypes import SUPPORTED, tf_name
+
+    for entry in SUPPORTED:
+        assert types_pb2.DataType.Name(entry.enum) == entry.name, entry
         assert tf_name(entry.numpy) == dtype_name(entry.enum), entry
+        if entry.name != "DT_STRING":
+            assert np.dtype(tf.as_dtype(entry.enum).as_numpy_dtype) == entry.numpy, entry
     assert tf_name(np.dtype(">f4")) == "DT_FLOAT"
     with pytest.raises(InvalidInput, match="complex64"):
         tf_name(np.dtype(np.complex64))

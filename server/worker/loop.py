@@ -58,9 +58,9 @@ from server.errors import ModelFailure
 if TYPE_CHECKING:
     import tensorflow as tf
 
-    from server.core.replicas import SignatureRunner
+    from server.worker.replicas import SignatureRunner
 
-log = logging.getLogger("server.core.model_worker")
+log = logging.getLogger(__name__)
 
 
 # tensorflow.error.Code values for load failures TensorFlow itself does not code.
@@ -96,7 +96,7 @@ def run(conn: Connection, handles: Connection, settings: Settings) -> None:
 
 
 def _start(settings: Settings) -> tuple[tf.distribute.Strategy, list[str]]:
-    from server.core import replicas
+    from server.worker import replicas
 
     replicas.configure_threads(settings.intra_op_threads, settings.inter_op_threads)
     devices = replicas.configure_devices(settings.replicas)
@@ -107,7 +107,7 @@ def _demo_base_path(settings: Settings) -> str | None:
     """With no model configured, the built-in demo model (built here, where TensorFlow runs)."""
     if settings.model_base_path is not None or settings.model_config_file is not None:
         return None
-    from server.core import demo_model
+    from server.worker import demo_model
 
     return str(demo_model.ensure_demo_model())
 
@@ -168,13 +168,13 @@ class _Servables:
                 self._send(Unloaded(job.servable))
 
     def _load(self, job: Load) -> Loaded | LoadFailed:
-        from server.core import model, replicas
+        from server.worker import replicas, saved_model
 
         started = time.perf_counter()
         # Before Loaded: the server may then send this servable's batches beside the others'.
         self._batches.allow(self._at_once() + job.max_inflight)
         try:
-            loaded = model.load(job.path, job.name, job.version, self._strategy)
+            loaded = saved_model.load(job.path, job.name, job.version, self._strategy)
             info = loaded.info
             for name, problem in info.unservable.items():
                 log.warning("model '%s' version %d: signature '%s' will not be served: %s",
@@ -202,7 +202,7 @@ class _Servables:
         self._loaded[job.servable] = _Servable(runners, loaded.handle, traces, job.max_inflight)
         gc.collect()
         gc.freeze()
-        return Loaded(job.servable, info, {k: d.SerializeToString() for k, d in loaded.signature_defs.items()},
+        return Loaded(job.servable, info, loaded.signature_defs,
                       time.perf_counter() - started)
 
     def _unload(self, servable: int) -> None:

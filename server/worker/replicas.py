@@ -26,9 +26,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from server.codec import dtype_enum
 from server.core.assembly import Tensors, check_rows, concat_rows, replica_bounds
 from server.core.signatures import Signature
+from server.dtypes import dtype_enum
 from server.errors import ModelFailure
 
 log = logging.getLogger(__name__)
