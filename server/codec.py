@@ -22,7 +22,7 @@ import numpy as np
 from protos.tf.tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 from server import dtypes
 from server.errors import InvalidInput
-from server.limits import MAX_RANK, STRING_ELEMENT_BYTES, check_bytes, check_shape, string_bytes
+from server.limits import MAX_RANK, STRING_ELEMENT_BYTES, check_bytes, check_shape, out_of_range, string_bytes
 
 _FIELDS = {
     "DT_HALF": "half_val", "DT_BFLOAT16": "half_val", "DT_FLOAT": "float_val", "DT_DOUBLE": "double_val",
@@ -136,15 +136,8 @@ def to_ndarray(proto: tensor_pb2.TensorProto, *, name: str, max_bytes: int) -> n
         # (int8..uint16 in int_val, half bits in half_val), so check their range before casting.
         wide = np.asarray(values)
         narrow = np.dtype(np.uint16) if entry.enum in (types_pb2.DT_HALF, types_pb2.DT_BFLOAT16) else entry.numpy
-        if narrow.kind in "iu" and wide.size and wide.dtype != narrow:
-            info = np.iinfo(narrow)
-            low, high = int(wide.min()), int(wide.max())
-            if low < info.min or high > info.max:
-                bad = low if low < info.min else high
-                raise InvalidInput(
-                    f"{where}: a value in {entry.field} does not fit {dtype_name(entry.enum)}: "
-                    f"{bad} is outside [{info.min}, {info.max}]"
-                )
+        if narrow.kind in "iu" and wide.dtype != narrow and (problem := out_of_range(wide, narrow)):
+            raise InvalidInput(f"{where}: a value in {entry.field} does not fit {dtype_name(entry.enum)}: {problem}")
         flat = wide.astype(narrow).view(entry.numpy)
     if n == count:
         return flat.reshape(shape)

@@ -59,3 +59,8 @@ class PermissionDenied(ServingError):
 
 class Unauthenticated(ServingError):
     """The call needs a credential (an admin token or a client certificate) and carries none that is valid."""
+
+
+class ReloadIncomplete(ServingError):
+    """A model config was applied but some of its models did not become available (UNKNOWN, as
+    TF Serving answers HandleReloadConfigRequest then)."""

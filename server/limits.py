@@ -51,6 +51,21 @@ def array_bytes(array: np.ndarray) -> int:
     return string_bytes((len(v) for v in array.flat if isinstance(v, bytes | str)), array.size)
 
 
+def out_of_range(values: np.ndarray, dtype: np.dtype) -> str | None:
+    """Why `values` (integers, or whole floats) do not fit the integer dtype, naming the first bound
+    crossed, e.g. '300 is outside [-128, 127]'; None when they all fit. Every codec checks integers
+    that travel wider than their dtype (protobuf's int_val, JSON numbers) with it before casting."""
+    if values.size == 0:
+        return None
+    info = np.iinfo(dtype)
+    low, high = (v.item() if isinstance(v, np.generic) else v for v in (values.min(), values.max()))
+    if low >= info.min and high <= info.max:
+        return None
+    bad = low if low < info.min else high
+    return f"{bad:g} is outside [{info.min}, {info.max}]" if isinstance(bad, float) else \
+        f"{bad} is outside [{info.min}, {info.max}]"
+
+
 def check_bytes(where: str, shape: Sequence[int], decoded: int, max_bytes: int) -> None:
     if decoded > max_bytes:
         raise_too_large(where, shape, decoded, max_bytes)

@@ -1,20 +1,38 @@
 """What every front-end does the same way around a call: the bound on calls in progress at once
 (--max-concurrent-rpcs, over gRPC and REST together), counting the inference calls that reached a
-handler and left it (for the drain), refusing new ones once a drain refuses, and the client's
-deadline on the server's clock."""
+handler and left it (for the drain), refusing new ones once a drain refuses, timing and recording
+every call and ending a failed one through the one status table (`grpc_call`, and `rest_call` in
+server.api.rest), and the client's deadline on the server's clock."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import grpc
 
 from server.api.recording import Recorder
+from server.core.servables import Servable
 from server.errors import Overloaded
 
 REFUSED = "the server is shutting down; retry on another replica"
+
+
+@dataclass(slots=True)
+class Call:
+    """One call's bookkeeping, filled in by its handler as it learns them: the model name the
+    client asked for and, once resolved, the version (servable) it is counted against."""
+
+    method: str
+    started: float
+    name: str = ""
+    servable: Servable | None = None
+
+
+T = TypeVar("T")
 
 
 class Admission:
@@ -44,9 +62,61 @@ class Admission:
         self._recorder.record(method, grpc.StatusCode.UNAVAILABLE, started)
         return REFUSED
 
-    async def refuse(self, method: str, context: grpc.aio.ServicerContext, started: float) -> None:
-        """Answer UNAVAILABLE (counted) because the server is draining; raises, as abort does."""
-        await context.abort(grpc.StatusCode.UNAVAILABLE, self.refused(method, started))
+    def begin(self, method: str, drained: bool, counted: bool) -> Call | None:
+        """A new call, or None when a drain refuses it (`drained`: this method is refused while
+        draining; `counted`: an inference call, counted in flight). Ends with `settle`."""
+        call = Call(method, time.perf_counter())
+        if drained and self._refusing:
+            return None
+        if counted:
+            self.accepted += 1
+        return call
+
+    async def settle(self, call: Call, counted: bool, work: Awaitable[T],
+                     fail: Callable[[Exception], Awaitable[T]]) -> T:
+        """Await the handler's work; record it OK, or end it through `fail` (the front-end's way
+        of answering an error); count it answered either way."""
+        try:
+            result = await work
+        except Exception as exc:  # every failure leaves through the status table
+            return await fail(exc)
+        finally:
+            if counted:
+                self.answered += 1
+        self.recorder.record(call.method, grpc.StatusCode.OK, call.started, call.servable, call.name)
+        return result
+
+
+S = TypeVar("S", bound=Admission)
+
+
+def grpc_call(method: str, *, drained: bool = False, counted: bool = False) -> Callable[
+        [Callable[[S, bytes, grpc.aio.ServicerContext, Call], Awaitable[Any]]],
+        Callable[[S, bytes, grpc.aio.ServicerContext], Awaitable[Any]]]:
+    """The bookkeeping of a gRPC handler `(self, raw, context, call) -> response`: refused while
+    draining (`drained`), counted in flight (`counted`: inference calls, both), timed, recorded,
+    and a failure mapped to its status and aborted with it."""
+
+    def decorate(body: Callable[[S, bytes, grpc.aio.ServicerContext, Call], Awaitable[Any]]) -> Callable[
+            [S, bytes, grpc.aio.ServicerContext], Awaitable[Any]]:
+        @functools.wraps(body)
+        async def handler(self: S, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+            call = self.begin(method, drained, counted)
+            if call is None:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, self.refused(method, time.perf_counter()))
+                raise AssertionError("abort returned")
+
+            async def fail(exc: Exception) -> Any:
+                assert call is not None
+                code, message = self.recorder.failed(call.method, exc, call.started, call.servable, call.name,
+                                                     context.peer())
+                await context.abort(code, message)
+
+            return await self.settle(call, counted, body(self, raw, context, call), fail)
+
+        return handler
+
+    return decorate
 
 
 class ConcurrencyLimit:

@@ -23,6 +23,7 @@ import numpy as np
 import orjson
 
 from server.errors import InvalidInput
+from server.limits import out_of_range
 
 B64 = "b64"
 _NARROW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -84,22 +85,14 @@ def array_from_json(value: Any, dtype: np.dtype, where: str, type_name: str) -> 
 
 
 def _integers(wide: np.ndarray, dtype: np.dtype, where: str, type_name: str) -> np.ndarray:
-    info = np.iinfo(dtype)
-    if wide.size == 0:
-        return wide.astype(dtype)
-    if wide.dtype.kind == "f":
+    if wide.dtype.kind == "f" and wide.size:
         fractional = ~np.isfinite(wide) | (np.floor(wide) != wide)
         if fractional.any():
             bad = wide.ravel()[int(np.argmax(fractional.ravel()))]
             raise InvalidInput(f"{where} is {type_name}: {bad} is not an integer")
-        low, high = float(wide.min()), float(wide.max())
-    else:
-        low, high = int(wide.min()), int(wide.max())
-    if low < info.min or high > info.max:
-        bad = low if low < info.min else high
-        raise InvalidInput(f"{where} is {type_name}: {bad:g} is outside [{info.min}, {info.max}]"
-                           if isinstance(bad, float) else
-                           f"{where} is {type_name}: {bad} is outside [{info.min}, {info.max}]")
+    problem = out_of_range(wide, dtype)
+    if problem:
+        raise InvalidInput(f"{where} is {type_name}: {problem}")
     return wide.astype(dtype)
 
 

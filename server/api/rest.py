@@ -12,13 +12,14 @@ cannot parse is counted and logged as a refusal, without a traceback.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from aiohttp import web
@@ -26,7 +27,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server.api import json_codec
-from server.api.admission import Admission, ConcurrencyLimit
+from server.api.admission import Admission, Call, ConcurrencyLimit
 from server.api.refusals import count_refusal
 from server.api.status import http_status_for
 from server.core.servables import Servable
@@ -79,6 +80,34 @@ class RestFrontEnd(Admission):
 
     def refusal(self, method: str, started: float) -> web.Response:
         return error_response(503, self.refused(method, started))
+
+
+R = TypeVar("R", bound=RestFrontEnd)
+
+
+def rest_call(method: str, *, drained: bool = False, counted: bool = False) -> Callable[
+        [Callable[[R, web.Request, Call], Awaitable[web.StreamResponse]]],
+        Callable[[R, web.Request], Awaitable[web.StreamResponse]]]:
+    """The bookkeeping of a REST handler `(self, request, call) -> response`, as server.api.admission's
+    grpc_call does it for gRPC: a failure becomes `{"error": ...}` with the status table's HTTP status."""
+
+    def decorate(body: Callable[[R, web.Request, Call], Awaitable[web.StreamResponse]]) -> Callable[
+            [R, web.Request], Awaitable[web.StreamResponse]]:
+        @functools.wraps(body)
+        async def handler(self: R, request: web.Request) -> web.StreamResponse:
+            call = self.begin(method, drained, counted)
+            if call is None:
+                return self.refusal(method, time.perf_counter())
+
+            async def fail(exc: Exception) -> web.StreamResponse:
+                assert call is not None
+                return self.failure(call.method, exc, call.started, call.servable, call.name, request.remote)
+
+            return await self.settle(call, counted, body(self, request, call), fail)
+
+        return handler
+
+    return decorate
 
 
 def route_of(method: str, path: str) -> tuple[str, str]:

@@ -12,18 +12,18 @@ requests of a model share its batches.
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
-import grpc
 from aiohttp import web
 from google.protobuf import json_format
 
 from server.api import rest, tfs_json
+from server.api.admission import Call
 from server.api.recording import Recorder
 from server.api.rest_body import BodyDecoder, read_body
 from server.api.tfs import signature_def_map
 from server.api.tfs_model_service import model_status
+from server.core.inference import infer, predictor_of
 from server.core.servables import Registry, Servable
 from server.errors import InvalidInput, NotFound, Unimplemented
 from server.limits import MAX_VERSION, ascii_int64
@@ -71,67 +71,41 @@ class TfsRest(rest.RestFrontEnd):
                                f"{MAX_VERSION})")
         return match.group("name"), version, match.group("label"), match.group("suffix") or ""
 
-    async def get(self, request: web.Request) -> web.StreamResponse:
-        started = time.perf_counter()
-        method = "GetModelStatus"
-        name = ""
-        servable: Servable | None = None
-        try:
-            name, version, label, suffix = self._parse(request)
-            if suffix == "":
-                status = model_status(self._registry, name, version, label)
-                self._recorder.record(method, grpc.StatusCode.OK, started, name=name)
-                return rest.json_response(_proto_json(status))
-            method = "GetModelMetadata"
-            if suffix != "/metadata":
-                raise InvalidInput(f"'{suffix}' takes POST; GET serves the status and /metadata")
-            servable = self._registry.resolve(name, version, label)
-            body = {"model_spec": {"name": servable.name, "signature_name": "", "version": str(servable.version)},
-                    "metadata": {"signature_def": _signature_def_json(servable)}}
-            self._recorder.record(method, grpc.StatusCode.OK, started, servable, name)
-            return rest.json_response(body)
-        except Exception as exc:
-            return self.failure(method, exc, started, servable, name)
+    @rest.rest_call("GetModelStatus")
+    async def get(self, request: web.Request, call: Call) -> web.StreamResponse:
+        call.name, version, label, suffix = self._parse(request)
+        if suffix == "":
+            return rest.json_response(_proto_json(model_status(self._registry, call.name, version, label)))
+        call.method = "GetModelMetadata"
+        if suffix != "/metadata":
+            raise InvalidInput(f"'{suffix}' takes POST; GET serves the status and /metadata")
+        call.servable = servable = self._registry.resolve(call.name, version, label)
+        return rest.json_response({
+            "model_spec": {"name": servable.name, "signature_name": "", "version": str(servable.version)},
+            "metadata": {"signature_def": _signature_def_json(servable)}})
 
-    async def post(self, request: web.Request) -> web.StreamResponse:
-        started = time.perf_counter()
-        if self.refusing:
-            return self.refusal("Predict", started)
-        self.accepted += 1
-        name = ""
-        servable: Servable | None = None
-        try:
-            name, version, label, suffix = self._parse(request)
-            if suffix != ":predict":
-                if suffix in VERBS:
-                    raise Unimplemented(f"'{suffix[1:]}' is not served here; use :predict")
-                raise InvalidInput(f"POST takes :predict, not '{suffix or request.path}'")
-            deadline = rest.deadline_of(request)
-            servable = self._registry.resolve(name, version, label)
-            predictor = servable.predictor
-            assert predictor is not None
-            raw = await read_body(request, self._max_body_bytes)
-            signature_name, row_format, inputs = await self._decoder.decode(
-                len(raw), tfs_json.decode_predict_body, raw, _input_specs(servable), self._max_body_bytes)
-            signature = predictor.signature(signature_name)
-            assert inputs is not None  # decoded for every signature predictor.signature() accepts
-            answer = await predictor.predict(signature, inputs, (), deadline)
-            response = rest.json_response(tfs_json.encode_outputs(answer.outputs, row_format))
-            self._recorder.record("Predict", grpc.StatusCode.OK, started, servable, name)
-            return response
-        except Exception as exc:
-            return self.failure("Predict", exc, started, servable, name, request.remote)
-        finally:
-            self.answered += 1
+    @rest.rest_call("Predict", drained=True, counted=True)
+    async def post(self, request: web.Request, call: Call) -> web.StreamResponse:
+        call.name, version, label, suffix = self._parse(request)
+        if suffix != ":predict":
+            if suffix in VERBS:
+                raise Unimplemented(f"'{suffix[1:]}' is not served here; use :predict")
+            raise InvalidInput(f"POST takes :predict, not '{suffix or request.path}'")
+        deadline = rest.deadline_of(request)
+        call.servable = servable = self._registry.resolve(call.name, version, label)
+        raw = await read_body(request, self._max_body_bytes)
+        signature, row_format, inputs = await self._decoder.decode(
+            len(raw), tfs_json.decode_predict_body, raw, _input_specs(servable), self._max_body_bytes)
+        # inputs is None only for a signature the version does not serve, which infer refuses first.
+        result = await infer(servable, signature, inputs or {}, (), deadline)
+        return rest.json_response(tfs_json.encode_outputs(result.outputs, row_format))
 
 
 def _input_specs(servable: Servable) -> dict[str, Any]:
     """Each servable signature's input specs, what decoding a body needs (built once a version)."""
     specs = servable.cache.get("input-specs")
     if specs is None:
-        predictor = servable.predictor
-        assert predictor is not None
-        model = predictor.model
+        model = predictor_of(servable).model
         specs = servable.cache["input-specs"] = {name: dict(signature.inputs) for name, signature
                                                  in model.signatures.items() if name not in model.unservable}
     return specs

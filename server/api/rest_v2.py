@@ -15,12 +15,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import grpc
 from aiohttp import web
 
 from server.api import rest, v2_json, v2_model
+from server.api.admission import Call
 from server.api.recording import Recorder
 from server.api.rest_body import BodyDecoder, read_body
+from server.core.inference import infer
 from server.core.servables import Registry, Servable
 
 PROTOCOL = "v2-rest"
@@ -63,62 +64,37 @@ class V2Rest(rest.RestFrontEnd):
         ready = self._ready() and not self.refusing
         return rest.json_response({"ready": ready}, 200 if ready else 400)
 
-    def _resolve(self, request: web.Request) -> Servable:
+    def _resolve(self, request: web.Request, call: Call) -> Servable:
+        call.name = request.match_info["name"]
         version = v2_model.parse_version(request.match_info.get("version", ""), "version")
-        return self._registry.resolve(request.match_info["name"], version)
+        return self._registry.resolve(call.name, version)
 
-    async def model_ready(self, request: web.Request) -> web.StreamResponse:
+    @rest.rest_call("ModelReady")
+    async def model_ready(self, request: web.Request, call: Call) -> web.StreamResponse:
         """Ready or not; only a malformed version is an error (an unknown model is not ready)."""
-        started = time.perf_counter()
-        name = request.match_info["name"]
-        try:
-            ready = v2_model.is_ready(self._registry, name, request.match_info.get("version", "")) and not self.refusing
-        except Exception as exc:
-            return self.failure("ModelReady", exc, started, name=name)
-        self._recorder.record("ModelReady", grpc.StatusCode.OK, started, name=name)
+        name = call.name = request.match_info["name"]
+        ready = v2_model.is_ready(self._registry, name, request.match_info.get("version", "")) and not self.refusing
         return rest.json_response({"name": name, "ready": ready}, 200 if ready else 400)
 
-    async def model_metadata(self, request: web.Request) -> web.StreamResponse:
-        started = time.perf_counter()
-        name = request.match_info["name"]
-        servable: Servable | None = None
-        try:
-            servable = self._resolve(request)
-            body = v2_model.metadata(self._registry, servable)
-        except Exception as exc:
-            return self.failure("ModelMetadata", exc, started, servable, name)
-        self._recorder.record("ModelMetadata", grpc.StatusCode.OK, started, servable, name)
-        return rest.json_response(body)
+    @rest.rest_call("ModelMetadata")
+    async def model_metadata(self, request: web.Request, call: Call) -> web.StreamResponse:
+        call.servable = servable = self._resolve(request, call)
+        return rest.json_response(v2_model.metadata(self._registry, servable))
 
-    async def infer(self, request: web.Request) -> web.StreamResponse:
-        started = time.perf_counter()
-        if self.refusing:
-            return self.refusal("ModelInfer", started)
-        self.accepted += 1
-        name = request.match_info["name"]
-        servable: Servable | None = None
-        try:
-            servable = self._resolve(request)
-            deadline = rest.deadline_of(request)
-            raw = await read_body(request, self._max_body_bytes)
-            json_length = request.headers.get(v2_json.HEADER_LENGTH)
-            infer = await self._decoder.decode(v2_json.json_bytes(raw, json_length), v2_json.decode_infer_body,
-                                               raw, json_length, self._max_body_bytes)
-            if infer.timeout_us is not None:
-                until = time.monotonic() + infer.timeout_us / 1e6
-                deadline = until if deadline is None else min(deadline, until)
-            predictor = servable.predictor
-            assert predictor is not None
-            signature = v2_model.signature(servable, infer.signature_name)
-            answer = await predictor.predict(signature, infer.inputs, infer.outputs, deadline)
-            outputs = {n: answer.outputs[n] for n in infer.outputs} if infer.outputs else answer.outputs
-            body, header_length = v2_json.encode_infer(servable.name, str(servable.version), infer, outputs)
-            self._recorder.record("ModelInfer", grpc.StatusCode.OK, started, servable, name)
-            if header_length is None:
-                return web.Response(body=body, content_type="application/json")
-            return web.Response(body=body, content_type="application/octet-stream",
-                                headers={v2_json.HEADER_LENGTH: str(header_length)})
-        except Exception as exc:
-            return self.failure("ModelInfer", exc, started, servable, name, request.remote)
-        finally:
-            self.answered += 1
+    @rest.rest_call("ModelInfer", drained=True, counted=True)
+    async def infer(self, request: web.Request, call: Call) -> web.StreamResponse:
+        call.servable = servable = self._resolve(request, call)
+        deadline = rest.deadline_of(request)
+        raw = await read_body(request, self._max_body_bytes)
+        json_length = request.headers.get(v2_json.HEADER_LENGTH)
+        body = await self._decoder.decode(v2_json.json_bytes(raw, json_length), v2_json.decode_infer_body,
+                                          raw, json_length, self._max_body_bytes)
+        if body.timeout_us is not None:
+            until = time.monotonic() + body.timeout_us / 1e6
+            deadline = until if deadline is None else min(deadline, until)
+        result = await infer(servable, body.signature_name, body.inputs, body.outputs, deadline)
+        encoded, header_length = v2_json.encode_infer(servable.name, str(servable.version), body, result.outputs)
+        if header_length is None:
+            return web.Response(body=encoded, content_type="application/json")
+        return web.Response(body=encoded, content_type="application/octet-stream",
+                            headers={v2_json.HEADER_LENGTH: str(header_length)})

@@ -19,6 +19,7 @@ from server.errors import (
     NotFound,
     Overloaded,
     PermissionDenied,
+    ReloadIncomplete,
     ServingError,
     TooLarge,
     TooLargeInput,
@@ -44,6 +45,7 @@ STATUS_FOR: dict[type[ServingError], grpc.StatusCode] = {
     ClientGone: grpc.StatusCode.CANCELLED,
     PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    ReloadIncomplete: grpc.StatusCode.UNKNOWN,
 }
 
 _CODE = grpc.StatusCode

@@ -5,16 +5,16 @@ back to protos, and domain errors to status codes through server.api.status's ta
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import grpc
 
 from protos.tensorflow_serving import get_model_metadata_pb2, model_pb2, predict_pb2, prediction_service_pb2
 from server import codec
-from server.api.admission import Admission, ConcurrencyLimit, add_limited_handlers, deadline_of
+from server.api.admission import Admission, Call, ConcurrencyLimit, add_limited_handlers, deadline_of, grpc_call
 from server.api.recording import Recorder
 from server.api.status import parse
+from server.core.inference import infer
 from server.core.servables import Registry, Servable
 from server.errors import InvalidInput
 
@@ -81,74 +81,43 @@ class PredictionServicer(Admission):
             spec.version.value = servable.version
         return spec
 
-    async def predict(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
-        started = time.perf_counter()
-        if self._refusing:
-            await self.refuse("Predict", context, started)
-        self.accepted += 1
-        servable: Servable | None = None
-        name = ""
-        try:
-            try:
-                deadline = deadline_of(context)
-                request = parse(predict_pb2.PredictRequest, raw)
-                spec = request.model_spec
-                name = spec.name
-                servable = self._registry.resolve(name, *version_choice(spec))
-                predictor = servable.predictor
-                assert predictor is not None
-                signature = predictor.signature(spec.signature_name)
-                inputs = {
-                    tensor_name: codec.to_ndarray(tensor, name=tensor_name, max_bytes=self._max_tensor_bytes)
-                    for tensor_name, tensor in request.inputs.items()
-                }
-                answer = await predictor.predict(signature, inputs, request.output_filter, deadline)
-                response = predict_pb2.PredictResponse(model_spec=self._model_spec(servable, signature.name))
-                for output, array in answer.outputs.items():
-                    codec.fill_tensor_proto(response.outputs[output], array)
-            except Exception as exc:  # every failure leaves through the status table
-                await self._recorder.fail("Predict", exc, context, started, servable, name)
-            context.set_trailing_metadata((
-                (QUEUE_TRAILER, f"{answer.queue_seconds:.6f}"),
-                (COMPUTE_TRAILER, f"{answer.compute_seconds:.6f}"),
-            ))
-            self._record("Predict", grpc.StatusCode.OK, started, servable, name)
-            return response
-        finally:
-            self.answered += 1
-
-    async def get_model_metadata(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
-        started = time.perf_counter()
-        if self._refusing:
-            await self.refuse("GetModelMetadata", context, started)
-        servable: Servable | None = None
-        name = ""
-        try:
-            request = parse(get_model_metadata_pb2.GetModelMetadataRequest, raw)
-            spec = request.model_spec
-            name = spec.name
-            servable = self._registry.resolve(name, *version_choice(spec))
-            fields = list(request.metadata_field)
-            if not fields:
-                raise InvalidInput(f"metadata_field is empty; supported: {SIGNATURE_DEF}")
-            unknown = sorted(set(fields) - {SIGNATURE_DEF})
-            if unknown:
-                raise InvalidInput(
-                    f"metadata_field {', '.join(unknown)} is not supported; supported: {SIGNATURE_DEF}"
-                )
-            response = get_model_metadata_pb2.GetModelMetadataResponse()
-            response.model_spec.name = servable.name
-            response.model_spec.version.value = servable.version
-            # Deterministic: the maps in key order, the same bytes from every process.
-            response.metadata[SIGNATURE_DEF].Pack(signature_def_map(servable), deterministic=True)
-        except Exception as exc:
-            await self._recorder.fail("GetModelMetadata", exc, context, started, servable, name)
-        self._record("GetModelMetadata", grpc.StatusCode.OK, started, servable, name)
+    @grpc_call("Predict", drained=True, counted=True)
+    async def predict(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
+        deadline = deadline_of(context)
+        request = parse(predict_pb2.PredictRequest, raw)
+        spec = request.model_spec
+        call.name = spec.name
+        call.servable = servable = self._registry.resolve(spec.name, *version_choice(spec))
+        inputs = {name: codec.to_ndarray(tensor, name=name, max_bytes=self._max_tensor_bytes)
+                  for name, tensor in request.inputs.items()}
+        result = await infer(servable, spec.signature_name, inputs, request.output_filter, deadline)
+        response = predict_pb2.PredictResponse(model_spec=self._model_spec(result.servable, result.signature))
+        for output, array in result.outputs.items():
+            codec.fill_tensor_proto(response.outputs[output], array)
+        context.set_trailing_metadata((
+            (QUEUE_TRAILER, f"{result.queue_seconds:.6f}"),
+            (COMPUTE_TRAILER, f"{result.compute_seconds:.6f}"),
+        ))
         return response
 
-    def _record(self, method: str, code: grpc.StatusCode, started: float, servable: Servable | None,
-                name: str) -> None:
-        self._recorder.record(method, code, started, servable, name)
+    @grpc_call("GetModelMetadata", drained=True)
+    async def get_model_metadata(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
+        request = parse(get_model_metadata_pb2.GetModelMetadataRequest, raw)
+        spec = request.model_spec
+        call.name = spec.name
+        call.servable = servable = self._registry.resolve(spec.name, *version_choice(spec))
+        fields = list(request.metadata_field)
+        if not fields:
+            raise InvalidInput(f"metadata_field is empty; supported: {SIGNATURE_DEF}")
+        unknown = sorted(set(fields) - {SIGNATURE_DEF})
+        if unknown:
+            raise InvalidInput(f"metadata_field {', '.join(unknown)} is not supported; supported: {SIGNATURE_DEF}")
+        response = get_model_metadata_pb2.GetModelMetadataResponse()
+        response.model_spec.name = servable.name
+        response.model_spec.version.value = servable.version
+        # Deterministic: the maps in key order, the same bytes from every process.
+        response.metadata[SIGNATURE_DEF].Pack(signature_def_map(servable), deterministic=True)
+        return response
 
 
 def add_to_server(servicer: PredictionServicer, server: grpc.aio.Server, limit: ConcurrencyLimit) -> None:

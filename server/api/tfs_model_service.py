@@ -12,7 +12,6 @@ Serving does. With --model-config-file-poll-wait-seconds on, the next change of 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +19,7 @@ import grpc
 
 from protos.tensorflow_serving import get_model_status_pb2, model_management_pb2, model_service_pb2
 from protos.tf.tensorflow.core.protobuf import error_codes_pb2
-from server.api.admission import ConcurrencyLimit, add_limited_handlers
+from server.api.admission import Admission, Call, ConcurrencyLimit, add_limited_handlers, grpc_call
 from server.api.control import ControlPlane, grpc_credentials
 from server.api.recording import Recorder
 from server.api.status import parse
@@ -28,7 +27,7 @@ from server.api.tfs import PROTOCOL, version_choice
 from server.core.lifecycle import Lifecycle, check_base_paths
 from server.core.model_config import ConfigError, from_proto
 from server.core.servables import Registry
-from server.errors import InvalidInput, NotFound, Unavailable
+from server.errors import InvalidInput, NotFound, ReloadIncomplete, Unavailable
 
 OK = error_codes_pb2.OK
 SERVICE = model_service_pb2.DESCRIPTOR.services_by_name["ModelService"]
@@ -54,36 +53,29 @@ def model_status(registry: Registry, name: str, version: int | None, label: str 
     return response
 
 
-class ModelServiceServicer:
+class ModelServiceServicer(Admission):
     def __init__(self, registry: Registry, lifecycle: Callable[[], Lifecycle | None],
                  control: Callable[[], ControlPlane]) -> None:
         """`lifecycle` returns None until the model worker has started; `control` says who may
         change the models, and where from (its roots are known once the start-up models are)."""
+        super().__init__(Recorder(registry, PROTOCOL))
         self._registry = registry
         self._lifecycle = lifecycle
         self._control = control
-        self.recorder = self._recorder = Recorder(registry, PROTOCOL)
 
-    async def get_model_status(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
-        started = time.perf_counter()
-        name = ""
-        try:
-            request = parse(get_model_status_pb2.GetModelStatusRequest, raw)
-            name = request.model_spec.name
-            response = model_status(self._registry, name, *version_choice(request.model_spec))
-        except Exception as exc:
-            await self._recorder.fail("GetModelStatus", exc, context, started, name=name)
-        self._record("GetModelStatus", name, grpc.StatusCode.OK, started)
-        return response
+    @grpc_call("GetModelStatus")
+    async def get_model_status(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
+        request = parse(get_model_status_pb2.GetModelStatusRequest, raw)
+        call.name = request.model_spec.name
+        return model_status(self._registry, call.name, *version_choice(request.model_spec))
 
-    async def handle_reload_config_request(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
-        started = time.perf_counter()
-        method = "HandleReloadConfigRequest"
+    @grpc_call("HandleReloadConfigRequest")
+    async def handle_reload_config_request(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
+        method = call.method
         control = self._control()
-        caller = None
+        caller = control.authorize(method, context.peer(), *grpc_credentials(
+            context.invocation_metadata(), context.auth_context()))
         try:
-            caller = control.authorize(method, context.peer(), *grpc_credentials(
-                context.invocation_metadata(), context.auth_context()))
             request = parse(model_management_pb2.ReloadConfigRequest, raw)
             try:
                 sources = from_proto(request.config, "ReloadConfigRequest.config")
@@ -96,24 +88,16 @@ class ModelServiceServicer:
                 raise Unavailable("the server is starting; retry shortly")
             problems = await lifecycle.apply(sources)
         except Exception as exc:
-            if caller is not None:
-                control.done(caller, method, f"failed: {exc}")
-            await self._recorder.fail(method, exc, context, started)
-        assert caller is not None  # fail() raised otherwise
+            control.done(caller, method, f"failed: {exc}")
+            raise
         models = ", ".join(s.name for s in sources)
         if problems:
             control.done(caller, method, f"applied (models {models}); not available: {'; '.join(problems)}")
-            self._record(method, "", grpc.StatusCode.UNKNOWN, started)
-            await context.abort(grpc.StatusCode.UNKNOWN,
-                                f"{len(problems)} model(s) did not become available: {{{'; '.join(problems)}}}")
+            raise ReloadIncomplete(f"{len(problems)} model(s) did not become available: {{{'; '.join(problems)}}}")
         control.done(caller, method, f"OK: serving models {models}")
         response = model_management_pb2.ReloadConfigResponse()
         response.status.error_code = OK
-        self._record(method, "", grpc.StatusCode.OK, started)
         return response
-
-    def _record(self, method: str, name: str, code: grpc.StatusCode, started: float) -> None:
-        self._recorder.record(method, code, started, None, name)
 
 
 def add_to_server(servicer: ModelServiceServicer, server: grpc.aio.Server, limit: ConcurrencyLimit) -> None:

@@ -9,7 +9,6 @@ parameter `signature_name`. Versions are the protocol's strings: empty for the h
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,11 +17,11 @@ from google.protobuf import json_format
 
 from protos.inference import grpc_service_pb2 as pb
 from server.api import v2_codec, v2_model
-from server.api.admission import Admission, ConcurrencyLimit, add_limited_handlers, deadline_of
+from server.api.admission import Admission, Call, ConcurrencyLimit, add_limited_handlers, deadline_of, grpc_call
 from server.api.recording import Recorder
 from server.api.status import parse
-from server.core.servables import Registry, Servable
-from server.core.signatures import DEFAULT_SIGNATURE, Signature
+from server.core.inference import infer
+from server.core.servables import Registry
 from server.errors import InvalidInput
 
 PROTOCOL = "v2"
@@ -47,58 +46,36 @@ class V2Servicer(Admission):
     async def server_metadata(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         return self._metadata
 
-    async def model_ready(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+    @grpc_call("ModelReady")
+    async def model_ready(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
         """Ready or not; only a malformed request is an error (an unknown model is not ready)."""
-        started = time.perf_counter()
-        try:
-            request = parse(pb.ModelReadyRequest, raw)
-            ready = v2_model.is_ready(self._registry, request.name, request.version) and not self._refusing
-        except Exception as exc:
-            await self._recorder.fail("ModelReady", exc, context, started)
-        self._recorder.record("ModelReady", grpc.StatusCode.OK, started)
+        request = parse(pb.ModelReadyRequest, raw)
+        ready = v2_model.is_ready(self._registry, request.name, request.version) and not self._refusing
         return pb.ModelReadyResponse(ready=ready)
 
-    async def model_metadata(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
-        started = time.perf_counter()
-        servable: Servable | None = None
-        name = ""
-        try:
-            request = parse(pb.ModelMetadataRequest, raw)
-            name = request.name
-            servable = self._registry.resolve(name, v2_model.parse_version(request.version, "version"))
-            response = json_format.ParseDict(v2_model.metadata(self._registry, servable), pb.ModelMetadataResponse())
-        except Exception as exc:
-            await self._recorder.fail("ModelMetadata", exc, context, started, servable, name)
-        self._recorder.record("ModelMetadata", grpc.StatusCode.OK, started, servable, name)
-        return response
+    @grpc_call("ModelMetadata")
+    async def model_metadata(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
+        request = parse(pb.ModelMetadataRequest, raw)
+        call.name = request.name
+        call.servable = servable = self._registry.resolve(request.name, v2_model.parse_version(request.version,
+                                                                                               "version"))
+        return json_format.ParseDict(v2_model.metadata(self._registry, servable), pb.ModelMetadataResponse())
 
-    async def model_infer(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
-        started = time.perf_counter()
-        if self._refusing:
-            await self.refuse("ModelInfer", context, started)
-        self.accepted += 1
-        servable: Servable | None = None
-        name = ""
-        try:
-            try:
-                deadline = deadline_of(context)
-                request = parse(pb.ModelInferRequest, raw)
-                name = request.model_name
-                servable = self._registry.resolve(name, v2_model.parse_version(request.model_version,
-                                                                               "model_version"))
-                predictor = servable.predictor
-                assert predictor is not None
-                signature = v2_model.signature(servable, _signature_name(request.parameters))
-                inputs = self._inputs(request)
-                wanted = [o.name for o in request.outputs]
-                answer = await predictor.predict(signature, inputs, wanted, deadline)
-                response = _response(request, servable, signature, wanted, answer.outputs)
-            except Exception as exc:
-                await self._recorder.fail("ModelInfer", exc, context, started, servable, name)
-            self._recorder.record("ModelInfer", grpc.StatusCode.OK, started, servable, name)
-            return response
-        finally:
-            self.answered += 1
+    @grpc_call("ModelInfer", drained=True, counted=True)
+    async def model_infer(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
+        deadline = deadline_of(context)
+        request = parse(pb.ModelInferRequest, raw)
+        call.name = request.model_name
+        call.servable = servable = self._registry.resolve(request.model_name, v2_model.parse_version(
+            request.model_version, "model_version"))
+        signature = _signature_name(request.parameters)
+        result = await infer(servable, signature, self._inputs(request), [o.name for o in request.outputs], deadline)
+        response = pb.ModelInferResponse(model_name=servable.name, model_version=str(servable.version), id=request.id)
+        for output, array in result.outputs.items():
+            datatype, data = v2_codec.encode_raw(array)
+            response.outputs.add(name=output, datatype=datatype, shape=array.shape)
+            response.raw_output_contents.append(data)
+        return response
 
     def _inputs(self, request: Any) -> dict[str, Any]:
         raws = request.raw_input_contents
@@ -124,22 +101,11 @@ class V2Servicer(Admission):
 
 def _signature_name(parameters: Any) -> str:
     if v2_model.SIGNATURE_PARAMETER not in parameters:
-        return DEFAULT_SIGNATURE
+        return ""
     value = parameters[v2_model.SIGNATURE_PARAMETER]
     if value.WhichOneof("parameter_choice") != "string_param":
         raise InvalidInput(f"parameter '{v2_model.SIGNATURE_PARAMETER}' must be a string")
-    return str(value.string_param) or DEFAULT_SIGNATURE
-
-
-def _response(request: Any, servable: Servable, signature: Signature, wanted: list[str],
-              outputs: dict[str, Any]) -> Any:
-    response = pb.ModelInferResponse(model_name=servable.name, model_version=str(servable.version), id=request.id)
-    for output in wanted or [n for n in signature.outputs if n in outputs]:
-        array = outputs[output]
-        datatype, data = v2_codec.encode_raw(array)
-        response.outputs.add(name=output, datatype=datatype, shape=array.shape)
-        response.raw_output_contents.append(data)
-    return response
+    return str(value.string_param)
 
 
 def add_to_server(servicer: V2Servicer, server: grpc.aio.Server, limit: ConcurrencyLimit) -> None:

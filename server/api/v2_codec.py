@@ -19,7 +19,7 @@ import ml_dtypes
 import numpy as np
 
 from server.errors import InvalidInput
-from server.limits import STRING_ELEMENT_BYTES, check_bytes, check_shape, string_bytes
+from server.limits import STRING_ELEMENT_BYTES, check_bytes, check_shape, out_of_range, string_bytes
 
 LENGTH_PREFIX = np.dtype("<u4")
 _LENGTH = struct.Struct("<I")
@@ -138,13 +138,8 @@ def decode_contents(name: str, datatype: str, shape: Sequence[int], fields: dict
         flat[:] = items
         return flat.reshape(dims)
     wide = np.asarray(values)
-    if entry.numpy.kind in "iu" and wide.size and wide.dtype != entry.numpy:
-        info = np.iinfo(entry.numpy)
-        low, high = int(wide.min()), int(wide.max())
-        if low < info.min or high > info.max:
-            bad = low if low < info.min else high
-            raise InvalidInput(f"{where}: a value in {entry.contents} does not fit {entry.name}: {bad} is "
-                               f"outside [{info.min}, {info.max}]")
+    if entry.numpy.kind in "iu" and wide.dtype != entry.numpy and (problem := out_of_range(wide, entry.numpy)):
+        raise InvalidInput(f"{where}: a value in {entry.contents} does not fit {entry.name}: {problem}")
     return wide.astype(entry.numpy).reshape(dims)
 
 

@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 
 from server.api import json_codec, v2_codec
-from server.core.signatures import DEFAULT_SIGNATURE
 from server.errors import InvalidInput
 from server.limits import ascii_int64, check_array
 
@@ -101,7 +100,7 @@ def parse_infer(body: Any, binary: memoryview, max_bytes: int) -> InferRequest:
     if not isinstance(request_id, str):
         raise InvalidInput('"id" must be a string')
     parameters = _parameters(request.get("parameters"), "the request's")
-    signature = _typed(parameters, "signature_name", str, "the request", DEFAULT_SIGNATURE) or DEFAULT_SIGNATURE
+    signature = _typed(parameters, "signature_name", str, "the request", "")
     timeout = _typed(parameters, "timeout", int, "the request", None)
     all_binary = _typed(parameters, "binary_data_output", bool, "the request", False)
     tensors = request.get("inputs")

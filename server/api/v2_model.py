@@ -7,8 +7,8 @@ import importlib.metadata
 from typing import Any
 
 from server.api import v2_codec
+from server.core.inference import signature_of
 from server.core.servables import Registry, Servable
-from server.core.signatures import DEFAULT_SIGNATURE, Signature
 from server.errors import InvalidInput, NotFound, Unavailable
 from server.limits import MAX_VERSION, ascii_int64
 
@@ -45,16 +45,10 @@ def is_ready(registry: Registry, name: str, version_text: str) -> bool:
     return True
 
 
-def signature(servable: Servable, name: str = DEFAULT_SIGNATURE) -> Signature:
-    predictor = servable.predictor
-    assert predictor is not None
-    return predictor.signature(name or DEFAULT_SIGNATURE)
-
-
 def metadata(registry: Registry, servable: Servable) -> dict[str, Any]:
     """ModelMetadataResponse's fields, as plain values: the default signature's tensors, with -1
     for the batch dimension (and any other dimension of unknown size)."""
-    described = signature(servable)
+    described = signature_of(servable, "")
 
     def tensors(specs: Any) -> list[dict[str, Any]]:
         return [{"name": name, "datatype": v2_codec.datatype_of(spec.dtype),

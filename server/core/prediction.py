@@ -39,10 +39,13 @@ class Predictor:
         output_filter: Iterable[str],
         deadline: float | None = None,
     ) -> Answer:
-        """Validate, queue for a batch, and return the requested outputs of this request's rows."""
-        names = signature.select_outputs(output_filter)
+        """Validate, queue for a batch, and return this request's rows of the outputs it asked for,
+        in the order asked (each once), or of all outputs in signature order when it named none."""
+        names = signature.select_outputs(output_filter)  # refuses unknown names before queueing
+        if output_filter:
+            names = tuple(dict.fromkeys(output_filter))
         rows, key = signature.admit(inputs)
         answer = await self.batcher.submit(key, inputs, rows, deadline=deadline)
-        if len(names) == len(answer.outputs):
+        if tuple(answer.outputs) == names:
             return answer
         return dataclasses.replace(answer, outputs={n: answer.outputs[n] for n in names})
