@@ -27,19 +27,21 @@ import logging
 import time
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from server import metrics
 from server.config import Settings
 from server.core import batching_policy
-from server.core.assembly import Tensors, replica_bounds
+from server.core.assembly import Tensors
 from server.core.batcher import Batcher
 from server.core.batching_policy import BatchingPolicy
 from server.core.model_config import ConfigError, ModelSource, read_config_file
-from server.core.model_process import LoadError, ModelProcess
+from server.core.model_process import LoadError
 from server.core.prediction import Predictor
 from server.core.servables import Model, Registry, Servable, State
 from server.core.signatures import BatchKey, ModelInfo
 from server.core.version_folders import scan_versions
+from server.core.worker_protocol import Done, Loaded
 from server.errors import Unavailable
 
 log = logging.getLogger("server.core.lifecycle")
@@ -81,8 +83,27 @@ def check_base_paths(sources: Sequence[ModelSource]) -> None:
             raise ConfigError(f"model '{source.name}': base path {source.base_path} is not a folder")
 
 
+class Worker(Protocol):
+    """What the lifecycle needs of the model worker: server.core.model_process.ModelProcess, or a
+    fake in the unit tests. Each call raises Unavailable once the worker is gone."""
+
+    async def load(self, servable: int, name: str, version: int, path: str,
+                   warm_up_sizes: tuple[int, ...], max_inflight: int) -> Loaded:
+        """Load and warm up one version under the servable id; LoadError if it fails."""
+
+    async def unload(self, servable: int) -> None:
+        """Free a servable that will be sent no more batches."""
+
+    async def run(self, servable: int, signature: str, parts: Sequence[Tensors]) -> Done:
+        """Run one batch, the parts' rows in order."""
+
+    @property
+    def alive(self) -> bool:
+        """False once the worker is gone (health then says NOT_SERVING)."""
+
+
 class Lifecycle:
-    def __init__(self, settings: Settings, worker: ModelProcess, registry: Registry, devices: int,
+    def __init__(self, settings: Settings, worker: Worker, registry: Registry, devices: int,
                  batching: BatchingPolicy, *, on_change: Callable[[], None] = lambda: None) -> None:
         self._settings = settings
         self._batching = batching
@@ -288,11 +309,10 @@ class Lifecycle:
 
         async def run_batch(key: Hashable, parts: Sequence[Tensors]) -> tuple[Tensors, float]:
             assert isinstance(key, BatchKey)
-            answer = await worker.run(servable_id, key.signature, parts)
-            rows = sum(next(iter(part.values())).shape[0] for part in parts)
-            for counter, (lo, hi) in zip(replica_rows, replica_bounds(rows, len(replica_rows)), strict=True):
-                counter.inc(hi - lo)
-            return answer
+            done = await worker.run(servable_id, key.signature, parts)
+            for counter, rows in zip(replica_rows, done.replica_rows, strict=False):
+                counter.inc(rows)
+            return done.outputs, done.seconds
 
         batcher = Batcher(
             run_batch,
@@ -342,7 +362,7 @@ class Lifecycle:
 
     def every_model_available(self) -> bool:
         models = self._registry.models
-        return bool(self.configured) and all(
+        return self._worker.alive and bool(self.configured) and all(
             models[n].default is not None for n in self.configured if n in models)
 
     async def drain(self) -> None:

@@ -97,7 +97,7 @@ class ModelProcess:
         self._free: list[int] = []
         self._slots = 0
         """Slots handed out so far; a slot is in use from run() until its answer arrives."""
-        self._pending: dict[int, tuple[asyncio.Future[tuple[Tensors, float]], int, int]] = {}
+        self._pending: dict[int, tuple[asyncio.Future[Done], int, int]] = {}
         self._loads: dict[int, asyncio.Future[Loaded]] = {}
         self._unloads: dict[int, asyncio.Future[None]] = {}
         self._seq = itertools.count()
@@ -146,6 +146,10 @@ class ModelProcess:
         self._send(Unload(servable))
         await future
 
+    @property
+    def alive(self) -> bool:
+        return self._lost is None and self._channel is not None
+
     def _check_alive(self) -> None:
         if self._lost is not None or self._channel is None:
             raise Unavailable(f"the model worker is gone ({self._lost or 'not started'}); retry on another replica")
@@ -154,9 +158,9 @@ class ModelProcess:
         assert self._channel is not None
         self._channel.send(message)
 
-    async def run(self, servable: int, signature: str, parts: Sequence[Tensors]) -> tuple[Tensors, float]:
-        """Run one batch, the parts' rows in order, in the worker; its outputs and the seconds the
-        model spent."""
+    async def run(self, servable: int, signature: str, parts: Sequence[Tensors]) -> Done:
+        """Run one batch, the parts' rows in order, in the worker: its outputs, the seconds the
+        model spent and the rows each replica ran."""
         self._check_alive()
         if self._free:
             slot = self._free.pop()
@@ -175,7 +179,7 @@ class ModelProcess:
             self._free.append(slot)
             raise
         seq = next(self._seq)
-        future: asyncio.Future[tuple[Tensors, float]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Done] = asyncio.get_running_loop().create_future()
         self._pending[seq] = (future, slot, servable)
         self._send(Run(seq, servable, signature, slot, placed))
         return await future
@@ -245,7 +249,7 @@ class ModelProcess:
             return
         self._on_traces(servable, message.traces)
         if not future.done():
-            future.set_result((message.outputs, message.seconds))
+            future.set_result(message)
 
     def _release(self, slot: int) -> None:
         """The worker is done with the slot. A large one also gives its memory back: its pages are

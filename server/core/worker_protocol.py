@@ -132,6 +132,8 @@ class Done:
     """Time spent in the model for this batch."""
     traces: dict[str, int]
     """tf.function traces per signature of this servable so far (the server makes a counter of it)."""
+    replica_rows: tuple[int, ...]
+    """Rows of the batch each replica ran, as the worker split it."""
 
 
 @dataclass(frozen=True)

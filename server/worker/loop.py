@@ -286,13 +286,13 @@ class _Batches:
             return Failed(message.seq, f"servable {message.servable} is not loaded in the model worker")
         try:
             batch = read_batch(self._slots.get(message.slot), message.inputs)
-            outputs = servable.runners[message.signature](batch)
+            outputs, replica_rows = servable.runners[message.signature].run(batch)
         except ModelFailure as exc:
             return Failed(message.seq, str(exc))
         except Exception as exc:  # a bug here must fail the batch, not the worker
             log.error("batch of signature '%s' failed", message.signature, exc_info=True)
             return Failed(message.seq, f"{type(exc).__name__}: {exc}")
-        return Done(message.seq, outputs, time.perf_counter() - started, dict(servable.traces))
+        return Done(message.seq, outputs, time.perf_counter() - started, dict(servable.traces), replica_rows)
 
 
 def _first_call() -> None:

@@ -118,6 +118,11 @@ class SignatureRunner:
 
     def __call__(self, batch: Tensors) -> Tensors:
         """Run one batch (blocking); outputs have the batch's rows in the same order."""
+        return self.run(batch)[0]
+
+    def run(self, batch: Tensors) -> tuple[Tensors, tuple[int, ...]]:
+        """Run one batch (blocking): its outputs, rows in the same order, and how many of its rows
+        each replica ran (what mirrorserve_replica_rows_total counts)."""
         rows = next(iter(batch.values())).shape[0]
         bounds = replica_bounds(rows, self.replicas)
         chunks = [{name: array[lo:hi] for name, array in batch.items()} for lo, hi in bounds]
@@ -131,7 +136,7 @@ class SignatureRunner:
             arrays = {name: tensor.numpy() for name, tensor in result.items()}
             check_rows(arrays, hi - lo, f"replica {replica}")
             outputs.append(arrays)
-        return concat_rows(outputs)
+        return concat_rows(outputs), tuple(hi - lo for lo, hi in bounds)
 
     def warm_up(self, sizes: Sequence[int]) -> None:
         """Run each batch size once (BatchingPolicy.warm_up_sizes), so neither tracing nor the
