@@ -37,7 +37,7 @@ import numpy as np
 
 from server.config import batch_sizes_problem
 from server.core.assembly import Tensors, check_rows, concat_rows, padding_rows, split_rows
-from server.core.batching_policy import AUTO_WAIT_BATCHES, SMOOTHING, padded_rows
+from server.core.batching_policy import SMOOTHING, BatchCost, auto_bound, busy_share, dispatch_at, padded_rows
 from server.errors import DeadlineExceeded, Overloaded, Unavailable
 
 RunBatch = Callable[[Hashable, list[Tensors]], Awaitable[tuple[Tensors, float]]]
@@ -140,38 +140,6 @@ class _Slice:
         if self.start == 0 and self.stop == self.request.rows:
             return dict(self.request.inputs)
         return {n: a[self.start:self.stop] for n, a in self.request.inputs.items()}
-
-
-class BatchCost:
-    """A batch's time as fixed + per_row * rows, fitted by least squares over recent batches
-    (moving averages of rows, seconds, rows² and rows·seconds, the newest weighing SMOOTHING; the
-    first batch sets them). The fixed part is what merging two batches into one saves, so it is
-    what waiting for more rows can earn. While every recent batch had the same rows, nothing
-    tells the parts apart and the whole time counts as fixed."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        """Average batch time; 0 until a batch has been timed."""
-        self._rows = 0.0
-        self._rows2 = 0.0
-        self._rows_seconds = 0.0
-        self._timed = False
-
-    def add(self, rows: int, seconds: float) -> None:
-        weight = SMOOTHING if self._timed else 1.0
-        self._timed = True
-        self.seconds += weight * (seconds - self.seconds)
-        self._rows += weight * (rows - self._rows)
-        self._rows2 += weight * (rows * rows - self._rows2)
-        self._rows_seconds += weight * (rows * seconds - self._rows_seconds)
-
-    @property
-    def fixed_seconds(self) -> float:
-        variance = self._rows2 - self._rows * self._rows
-        if variance <= 1e-9:
-            return self.seconds
-        per_row = max(0.0, (self._rows_seconds - self._rows * self.seconds) / variance)
-        return min(self.seconds, max(0.0, self.seconds - per_row * self._rows))
 
 
 class Batcher:
@@ -351,33 +319,17 @@ class Batcher:
 
     def _dispatch_at(self, key: Hashable, first: _Request) -> float:
         """When the batch that `first` heads goes, unless it fills up before (rules 1 and 2 of
-        server.core.batching_policy). Every arrival and every batch's end wakes the loop, which
-        asks again."""
-        if self._timeout_s is not None:
-            return first.enqueued_at + self._timeout_s
-        if self._executing:
-            # Beside a running batch: until it ends, at most one batch time.
-            return first.enqueued_at + AUTO_WAIT_BATCHES * self._cost.seconds
-        bound = self._auto_bound()
-        if self._row_gap >= bound or self._key_rows.get(key, 0) >= self._last_present:
-            # Under one more row expected within the bound, or every row lately present is here.
-            return first.enqueued_at
-        return max(first.enqueued_at, self._free_since) + bound
+        server.core.batching_policy, which holds the rule). Every arrival and every batch's end
+        wakes the loop, which asks again."""
+        return dispatch_at(first.enqueued_at, self._timeout_s, self._executing, self._cost.seconds, self._auto_bound,
+                           self._row_gap, self._key_rows.get(key, 0), self._last_present, self._free_since)
 
     def _auto_bound(self) -> float:
-        """The longest auto wait of a batch that finds the model free: what merging saves, a
-        batch's fixed cost, stretched by 1 / (1 - the event loop's busy share since the batch
-        before last was taken: a whole batch cycle and the present one, so an idle spell shows at
-        once). The loop pays a share of every batch's fixed cost, and while it is busy every
-        request queued behind it waits that share 1 / (1 - busy) times over (a queue's residence
-        time), so saving it is worth that much more. Never longer than a full batch takes to
-        arrive at the measured rate: waiting longer could add no row."""
-        fixed = AUTO_WAIT_BATCHES * self._cost.fixed_seconds
+        """batching_policy.auto_bound, the event loop's busy share measured since the batch before
+        last was taken (a whole batch cycle and the present one, so an idle spell shows at once)."""
         taken, taken_cpu = self._taken_at[0]
-        wall = self._clock() - taken
-        busy = (self._loop_cpu_clock() - taken_cpu) / wall if wall > 0 else 0.0
-        fill = self._max_batch_rows * self._row_gap
-        return min(fixed / (1.0 - busy), fill) if busy < 1.0 else fill
+        busy = busy_share(self._clock() - taken, self._loop_cpu_clock() - taken_cpu)
+        return auto_bound(self._cost.fixed_seconds, busy, self._max_batch_rows, self._row_gap)
 
     def _oldest_key(self) -> tuple[Hashable, _Request] | None:
         """The key whose head request has waited longest, sweeping dead heads."""

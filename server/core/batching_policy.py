@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +64,75 @@ SMOOTHING = 0.2
 """Weight of the newest figure in the averages of batch time and arrival gap: about the last five
 count, so a single slow batch (a collection pause, a cold cache) or one burst does not set the
 next waits, while a change of load shows within a few batches."""
+
+
+class BatchCost:
+    """A batch's time as fixed + per_row * rows, fitted by least squares over recent batches
+    (moving averages of rows, seconds, rows² and rows·seconds, the newest weighing SMOOTHING; the
+    first batch sets them). The fixed part is what merging two batches into one saves, so it is
+    what waiting for more rows can earn. While every recent batch had the same rows, nothing
+    tells the parts apart and the whole time counts as fixed."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        """Average batch time; 0 until a batch has been timed."""
+        self._rows = 0.0
+        self._rows2 = 0.0
+        self._rows_seconds = 0.0
+        self._timed = False
+
+    def add(self, rows: int, seconds: float) -> None:
+        weight = SMOOTHING if self._timed else 1.0
+        self._timed = True
+        self.seconds += weight * (seconds - self.seconds)
+        self._rows += weight * (rows - self._rows)
+        self._rows2 += weight * (rows * rows - self._rows2)
+        self._rows_seconds += weight * (rows * seconds - self._rows_seconds)
+
+    @property
+    def fixed_seconds(self) -> float:
+        variance = self._rows2 - self._rows * self._rows
+        if variance <= 1e-9:
+            return self.seconds
+        per_row = max(0.0, (self._rows_seconds - self._rows * self.seconds) / variance)
+        return min(self.seconds, max(0.0, self.seconds - per_row * self._rows))
+
+
+def busy_share(wall_seconds: float, loop_cpu_seconds: float) -> float:
+    """The event loop's busy share over a span: its CPU time over the wall time (0 for no span)."""
+    return loop_cpu_seconds / wall_seconds if wall_seconds > 0 else 0.0
+
+
+def auto_bound(fixed_seconds: float, busy: float, max_batch_rows: int, row_gap: float) -> float:
+    """The longest auto wait of a batch that finds the model free (rule 2): what merging saves, a
+    batch's fixed cost, stretched by 1 / (1 - the event loop's busy share). The loop pays a share
+    of every batch's fixed cost, and while it is busy every request queued behind it waits that
+    share 1 / (1 - busy) times over (a queue's residence time), so saving it is worth that much
+    more. Never longer than a full batch takes to arrive at the measured rate (`row_gap` seconds
+    between rows): waiting longer could add no row."""
+    fixed = AUTO_WAIT_BATCHES * fixed_seconds
+    fill = max_batch_rows * row_gap
+    return min(fixed / (1.0 - busy), fill) if busy < 1.0 else fill
+
+
+def dispatch_at(enqueued_at: float, timeout_s: float | None, executing: int, batch_seconds: float,
+                bound: Callable[[], float], row_gap: float, rows_here: int, last_present: int,
+                free_since: float) -> float:
+    """When a batch whose oldest row arrived at `enqueued_at` goes, unless it fills up before
+    (rules 1 and 2), all times on the batcher's clock: with a timeout, that long after its oldest
+    row; beside `executing` running batches, at most one average batch time (`batch_seconds`)
+    after it; otherwise at once, unless another row is expected within `bound()` (rows arrive
+    `row_gap` apart) and fewer than `last_present` rows (present at once during the previous
+    batch) are here, in which case at most `bound()` after the model fell free (`free_since`).
+    `bound` is called only when needed: it reads the clocks."""
+    if timeout_s is not None:
+        return enqueued_at + timeout_s
+    if executing:
+        return enqueued_at + AUTO_WAIT_BATCHES * batch_seconds
+    wait = bound()
+    if row_gap >= wait or rows_here >= last_present:
+        return enqueued_at
+    return max(enqueued_at, free_since) + wait
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,9 @@ from server.config import parse_settings
 from server.core.batching_policy import (
     BatchingPolicy,
     apply,
+    auto_bound,
+    busy_share,
+    dispatch_at,
     padded_rows,
     parse_batching_parameters,
     read_batching_parameters_file,
@@ -141,3 +144,45 @@ def test_describe_says_every_knob() -> None:
                                "allowed_batch_sizes=any")
     assert BatchingPolicy(8, 0.0005, 1, 10, (4, 8)).describe() == (
         "max_batch_size=8 batch_timeout=0.5ms inflight=1 max_queued_rows=10 allowed_batch_sizes=4,8")
+
+
+# The auto rule as pure functions (rule 2), exact ----------------------------------------------
+
+
+def test_busy_share_is_loop_cpu_over_wall_time() -> None:
+    assert busy_share(0.2, 0.05) == 0.25
+    assert busy_share(0.0, 0.05) == 0.0
+
+
+def test_auto_bound_is_the_fixed_cost_stretched_by_the_busy_loop_and_capped_by_a_full_batch() -> None:
+    assert auto_bound(0.01, 0.0, 64, 0.001) == 0.01
+    assert auto_bound(0.01, 0.75, 64, 0.001) == pytest.approx(0.04)
+    assert auto_bound(0.01, 0.75, 8, 0.001) == 0.008  # a full batch arrives sooner than that
+    assert auto_bound(0.01, 1.0, 8, 0.001) == 0.008
+
+
+def test_dispatch_with_a_timeout_is_that_long_after_the_oldest_row() -> None:
+    def never() -> float:
+        raise AssertionError("the auto bound is not needed with a timeout")
+
+    assert dispatch_at(10.0, 0.5, 1, 0.2, never, 0.001, 1, 4, 9.0) == 10.5
+
+
+def test_dispatch_beside_a_running_batch_is_at_most_one_batch_time_after_the_oldest_row() -> None:
+    def never() -> float:
+        raise AssertionError("the auto bound is not needed beside a running batch")
+
+    assert dispatch_at(10.0, None, 1, 0.2, never, 0.001, 1, 4, 9.0) == pytest.approx(10.2)
+
+
+@pytest.mark.parametrize(("row_gap", "rows_here", "expected"), [
+    (0.02, 1, 10.0),   # under one more row expected within the bound: at once
+    (0.001, 4, 10.0),  # every row lately present is here: at once
+    (0.001, 2, 10.01),  # rows coming, some missing: the bound after the oldest row
+])
+def test_dispatch_on_a_free_model(row_gap: float, rows_here: int, expected: float) -> None:
+    assert dispatch_at(10.0, None, 0, 0.2, lambda: 0.01, row_gap, rows_here, 4, 9.0) == pytest.approx(expected)
+
+
+def test_dispatch_waits_from_when_the_model_fell_free_if_that_is_later() -> None:
+    assert dispatch_at(10.0, None, 0, 0.2, lambda: 0.01, 0.001, 2, 4, 10.5) == pytest.approx(10.51)

@@ -1,5 +1,7 @@
 """The three sentences of server.core.batching_policy, one test (or a few) per clause, each on the
-real Batcher with a fake model whose batches the test opens and closes:
+real Batcher with a fake model whose batches the test opens and closes, on virtual time
+(virtual_time): a batch takes exactly the seconds its fake model says, no test sleeps for real,
+and no timing window can flake:
 
 1. A batch goes once it holds max_batch_size rows; otherwise, with a timeout T, once its oldest
    row waited T, and with T = 0 as soon as a batch slot is free.
@@ -15,25 +17,48 @@ real Batcher with a fake model whose batches the test opens and closes:
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Hashable
 from typing import Any
 
-import numpy as np
 import pytest
-from batcher_fakes import Call, FakeModel, assert_answer, on_thread, refused, request, until
+import virtual_time
+from batcher_fakes import Call, Tensors, assert_answer, double, refused, request, until
+from virtual_time import now
 
-from server.core.batcher import BatchCost, Batcher
+from server.core.assembly import concat_rows
+from server.core.batcher import Batcher
+from server.core.batching_policy import BatchCost
 
 pytestmark = pytest.mark.timeout(30)
 
 
+class LoopModel:
+    """The batcher's RunBatch as a fake model on the event loop: records every batch at the
+    loop's time, waits on `gate` (open unless a test closes it), then takes `cost(rows)` seconds
+    and answers with `respond` (y = 2x unless a test swaps it)."""
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.respond: Callable[[Hashable, Tensors], Tensors] = double
+        self.cost: Callable[[int], float] = lambda rows: 0.0
+
+    async def __call__(self, key: Hashable, parts: list[Tensors]) -> tuple[Tensors, float]:
+        batch = concat_rows(parts)
+        started = now()
+        self.calls.append(Call(key, batch["x"].copy(), started))
+        await self.gate.wait()
+        await asyncio.sleep(self.cost(int(batch["x"].shape[0])))
+        return self.respond(key, batch), now() - started
+
+    def batches(self) -> list[list[int]]:
+        return [[int(v) for v in c.x[:, 0]] for c in self.calls]
+
+
 @pytest.fixture
-def two_threads() -> Iterator[ThreadPoolExecutor]:
-    """Two model threads, so a second batch can run beside a first."""
-    with ThreadPoolExecutor(2, thread_name_prefix="fake-model") as ex:
-        yield ex
+def model() -> LoopModel:
+    return LoopModel()
 
 
 def idle_loop() -> float:
@@ -41,24 +66,24 @@ def idle_loop() -> float:
     return 0.0
 
 
-def start(model: FakeModel, executor: ThreadPoolExecutor, **limits: Any) -> Batcher:
+def start(model: LoopModel, **limits: Any) -> Batcher:
     settings: dict[str, Any] = {"max_batch_rows": 64, "timeout_s": None, "max_queued_rows": 1000,
-                                "loop_cpu_clock": idle_loop}
+                                "loop_cpu_clock": idle_loop, "clock": now}
     settings.update(limits)
-    b = Batcher(on_thread(model, executor), **settings)
+    b = Batcher(model, **settings)
     b.start()
     return b
 
 
-async def went_after(b: Batcher, model: FakeModel, first: int, rows: int = 1) -> float:
+async def went_after(b: Batcher, model: LoopModel, first: int, rows: int = 1) -> float:
     """Submit one request; seconds from its arrival until the model saw it."""
-    t0 = time.monotonic()
+    t0 = now()
     await b.submit("k", request(first, rows), rows)
     call = next(c for c in model.calls if int(c.x[0, 0]) == first)
     return call.at - t0
 
 
-async def running(b: Batcher, model: FakeModel, first: int) -> asyncio.Task[Any]:
+async def running(b: Batcher, model: LoopModel, first: int) -> asyncio.Task[Any]:
     """A 1-row batch that has reached the model and is held there until the gate opens."""
     model.gate.clear()
     task = asyncio.create_task(b.submit("k", request(first, 1), 1))
@@ -66,14 +91,9 @@ async def running(b: Batcher, model: FakeModel, first: int) -> asyncio.Task[Any]
     return task
 
 
-def timed_model(model: FakeModel, seconds: float) -> None:
+def timed_model(model: LoopModel, seconds: float) -> None:
     """Every batch takes `seconds` on the model, so the average batch time is known."""
-
-    def slow(key: Any, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        time.sleep(seconds)
-        return {"y": batch["x"] * 2}
-
-    model.respond = slow
+    model.cost = lambda rows: seconds
 
 
 # Sentence 1 ---------------------------------------------------------------------------------
@@ -81,22 +101,22 @@ def timed_model(model: FakeModel, seconds: float) -> None:
 
 @pytest.mark.parametrize("timeout_s", [None, 0.0, 5.0], ids=["auto", "0", "5 s"])
 def test_a_full_batch_goes_at_once_whatever_the_timeout(
-    model: FakeModel, two_threads: ThreadPoolExecutor, timeout_s: float | None
+    model: LoopModel, timeout_s: float | None
 ) -> None:
     async def main() -> None:
-        b = start(model, two_threads, max_batch_rows=8, timeout_s=timeout_s)
+        b = start(model, max_batch_rows=8, timeout_s=timeout_s)
         assert await went_after(b, model, 0, rows=8) < 0.1
         await b.drain()
 
-    asyncio.run(main())
+    virtual_time.run(main())
 
 
 def test_with_a_timeout_a_batch_goes_once_its_oldest_row_waited_that_long(
-    model: FakeModel, executor: ThreadPoolExecutor
+    model: LoopModel
 ) -> None:
     async def main() -> None:
-        b = start(model, executor, timeout_s=0.2)
-        t0 = time.monotonic()
+        b = start(model, timeout_s=0.2)
+        t0 = now()
         first = asyncio.create_task(b.submit("k", request(0, 1), 1))
         await asyncio.sleep(0.1)
         second = asyncio.create_task(b.submit("k", request(1, 2), 2))
@@ -105,66 +125,64 @@ def test_with_a_timeout_a_batch_goes_once_its_oldest_row_waited_that_long(
         assert 0.2 <= model.calls[0].at - t0 < 0.3, "T after the oldest row, not after the newest"
         await b.drain()
 
-    asyncio.run(main())
+    virtual_time.run(main())
 
 
 def test_the_wait_is_measured_on_the_batchers_clock_not_the_loops(
-    model: FakeModel, executor: ThreadPoolExecutor
+    model: LoopModel
 ) -> None:
     """The loop's timers may fire early on the batcher's clock (uvloop keeps the loop's time to
     the millisecond, cached for a whole iteration); the batch still waits its full T. Here the
     batcher's clock runs at half the loop's speed, so each timer fires halfway."""
-    origin = time.monotonic()
-
     def half_speed() -> float:
-        return origin + (time.monotonic() - origin) / 2
+        return now() / 2
 
     async def main() -> None:
-        b = start(model, executor, timeout_s=0.1, clock=half_speed)
-        t0 = time.monotonic()
+        b = start(model, timeout_s=0.1, clock=half_speed)
+        t0 = now()
         await b.submit("k", request(0, 1), 1)
         assert model.calls[0].at - t0 >= 0.2, "0.1 s on the batcher's clock is 0.2 s on the loop's"
         await b.drain()
 
-    asyncio.run(main())
+    virtual_time.run(main())
 
 
 def test_with_timeout_zero_a_batch_goes_as_soon_as_a_slot_is_free(
-    model: FakeModel, executor: ThreadPoolExecutor
+    model: LoopModel
 ) -> None:
     async def main() -> None:
-        b = start(model, executor, timeout_s=0.0, max_inflight=1)
+        b = start(model, timeout_s=0.0, max_inflight=1)
         assert await went_after(b, model, 0) < 0.05, "free slot: at once"
         held = await running(b, model, 10)
         waiting = [asyncio.create_task(b.submit("k", request(20 + i, 1), 1)) for i in range(3)]
         await asyncio.sleep(0.1)
         assert int(model.calls[-1].x[0, 0]) == 10, "no slot, so no batch"
-        opened = time.monotonic()
+        opened = now()
         model.gate.set()
         await asyncio.gather(held, *waiting)
         assert model.batches()[-1] == [20, 21, 22]
         assert model.calls[-1].at - opened < 0.05
         await b.drain()
 
-    asyncio.run(main())
+    virtual_time.run(main())
 
 
 # Sentence 2 ---------------------------------------------------------------------------------
 
 
-def test_auto_never_waits_for_a_lone_caller(model: FakeModel, executor: ThreadPoolExecutor) -> None:
+def test_auto_never_waits_for_a_lone_caller(model: LoopModel) -> None:
     """One caller at a time, even after batches that took 0.3 s: it is the only row present."""
     timed_model(model, 0.3)
 
     async def main() -> None:
-        b = start(model, executor)
+        b = start(model)
         await b.submit("k", request(0, 1), 1)
-        model.respond = FakeModel().respond
+        model.cost = lambda rows: 0.0
         waits = [await went_after(b, model, 10 * (i + 1)) for i in range(5)]
         assert max(waits) < 0.05, waits
         await b.drain()
 
-    asyncio.run(main())
+    virtual_time.run(main())
 
 
 async def feed(b: Batcher, gap_s: float, count: int) -> None:
@@ -176,69 +194,65 @@ async def feed(b: Batcher, gap_s: float, count: int) -> None:
     await asyncio.gather(*tasks)
 
 
-def idle_gaps(model: FakeModel, batch_s: float) -> list[float]:
+def idle_gaps(model: LoopModel, batch_s: float) -> list[float]:
     """Seconds the model stood free before each batch (from the previous batch's end)."""
     return [later.at - (earlier.at + batch_s) for earlier, later in zip(model.calls, model.calls[1:], strict=False)]
 
 
 def test_auto_goes_at_once_while_under_one_row_comes_per_batch_time(
-    model: FakeModel, executor: ThreadPoolExecutor
+    model: LoopModel
 ) -> None:
     """Rows 60 ms apart, batches of 10 ms: fewer than one row is expected while a batch runs, so
     a batch that finds the model free goes at once."""
     timed_model(model, 0.01)
 
     async def main() -> None:
-        b = start(model, executor)
+        b = start(model)
         await feed(b, 0.06, 8)
         assert all(c.rows == 1 for c in model.calls)
         late = [round((c.at - model.calls[0].at) % 0.06, 3) for c in model.calls[2:]]
         assert all(x < 0.02 or x > 0.05 for x in late), late  # each went on arrival, not after a wait
         await b.drain()
 
-    asyncio.run(main())
+    virtual_time.run(main())
 
 
 def test_auto_waits_at_most_a_batch_time_while_rows_keep_coming(
-    model: FakeModel, executor: ThreadPoolExecutor
+    model: LoopModel
 ) -> None:
     """Rows 5 ms apart, batches of 60 ms: about twelve rows come per batch time, so a batch that
     finds the model free waits for more, and never longer than one batch time."""
     timed_model(model, 0.06)
 
     async def main() -> None:
-        b = start(model, executor)
+        b = start(model)
         await feed(b, 0.005, 120)
         gaps = idle_gaps(model, 0.06)[3:]
         assert max(gaps) < 0.06 + 0.04, gaps
         assert max(gaps) > 0.02, f"never waited for rows: {gaps}"
         await b.drain()
 
-    asyncio.run(main())
+    virtual_time.run(main())
 
 
 @pytest.mark.parametrize(("fixed_s", "waits"), [(0.0, False), (0.03, True)], ids=["per row", "fixed"])
 def test_auto_waits_only_when_a_batch_has_a_fixed_cost(
-    model: FakeModel, executor: ThreadPoolExecutor, fixed_s: float, waits: bool
+    model: LoopModel, fixed_s: float, waits: bool
 ) -> None:
     """Batches of 1 and 4 rows teach the batcher the model's cost: 10 ms a row, plus `fixed_s` a
     batch. Then rows come 2 ms apart, far faster than one per batch time. With no fixed cost,
     merging rows saves nothing and the first of them goes at once; with one, it waits for more."""
 
-    def cost(key: Any, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        time.sleep(fixed_s + 0.01 * batch["x"].shape[0])
-        return {"y": batch["x"] * 2}
-
-    model.respond = cost
+    model.cost = lambda rows: fixed_s + 0.01 * rows
 
     async def main() -> None:
-        b = start(model, executor)
+        b = start(model)
         head = asyncio.create_task(b.submit("k", request(0, 1), 1))
         await until(lambda: bool(model.calls))
         await asyncio.gather(head, *(b.submit("k", request(i, 1), 1) for i in range(1, 5)))
         assert [c.rows for c in model.calls] == [1, 4]
         trickle = []
-        t0 = time.monotonic()
+        t0 = now()
         for i in range(6):
             trickle.append(asyncio.create_task(b.submit("k", request(100 + i, 1), 1)))
             await asyncio.sleep(0.002)
@@ -250,32 +264,28 @@ def test_auto_waits_only_when_a_batch_has_a_fixed_cost(
             assert first.at - t0 < 0.008 and first.rows == 1, (first.at - t0, first.rows)
         await b.drain()
 
-    asyncio.run(main())
+    virtual_time.run(main())
 
 
 @pytest.mark.parametrize(("busy", "low", "high"), [(0.0, 0.02, 0.07), (0.75, 0.10, 0.20)],
                          ids=["idle loop", "loop 75% busy"])
 def test_auto_stretches_its_wait_by_how_busy_the_event_loop_is(
-    model: FakeModel, executor: ThreadPoolExecutor, busy: float, low: float, high: float
+    model: LoopModel, busy: float, low: float, high: float
 ) -> None:
     """Batches of 1 and 4 rows teach the batcher a fixed cost of 30 ms a batch. Then two rows come
     2 ms apart and no more: their batch waits for more rows as long as the bound allows, which is
     the fixed cost on an idle event loop and 1 / (1 - 0.75) = 4 times it on a loop busy 75% of
     the time (the loop's CPU clock here runs at that share of the wall clock)."""
 
-    def cost(key: Any, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        time.sleep(0.03 + 0.01 * batch["x"].shape[0])
-        return {"y": batch["x"] * 2}
-
-    model.respond = cost
+    model.cost = lambda rows: 0.03 + 0.01 * rows
 
     async def main() -> None:
-        b = start(model, executor, loop_cpu_clock=lambda: busy * time.monotonic())
+        b = start(model, loop_cpu_clock=lambda: busy * now())
         head = asyncio.create_task(b.submit("k", request(0, 1), 1))
         await until(lambda: bool(model.calls))
         await asyncio.gather(head, *(b.submit("k", request(i, 1), 1) for i in range(1, 5)))
         assert [c.rows for c in model.calls] == [1, 4]
-        t0 = time.monotonic()
+        t0 = now()
         pair = [asyncio.create_task(b.submit("k", request(100, 1), 1))]
         await asyncio.sleep(0.002)
         pair.append(asyncio.create_task(b.submit("k", request(101, 1), 1)))
@@ -284,11 +294,11 @@ def test_auto_stretches_its_wait_by_how_busy_the_event_loop_is(
         assert batch.rows == 2 and low < batch.at - t0 < high, (batch.rows, batch.at - t0)
         await b.drain()
 
-    asyncio.run(main())
+    virtual_time.run(main())
 
 
 def test_auto_wait_ends_once_every_row_lately_present_is_queued(
-    model: FakeModel, executor: ThreadPoolExecutor
+    model: LoopModel
 ) -> None:
     """Four callers in a closed loop (each sends again when answered), batches of 50 ms: rows come
     faster than one per batch time, but once all four are queued none can come before this batch
@@ -300,7 +310,7 @@ def test_auto_wait_ends_once_every_row_lately_present_is_queued(
             await b.submit("k", request(100 * who + i, 1), 1)
 
     async def main() -> None:
-        b = start(model, executor)
+        b = start(model)
         await asyncio.gather(*(caller(b, who) for who in range(4)))
         steady = model.calls[2:]
         assert [c.rows for c in steady] == [4] * len(steady), [c.rows for c in model.calls]
@@ -308,49 +318,49 @@ def test_auto_wait_ends_once_every_row_lately_present_is_queued(
         assert max(gaps) < 0.025, gaps
         await b.drain()
 
-    asyncio.run(main())
+    virtual_time.run(main())
 
 
 def test_auto_waits_for_the_running_batch_and_takes_every_row_that_came(
-    model: FakeModel, two_threads: ThreadPoolExecutor
+    model: LoopModel
 ) -> None:
     """A free slot, but a batch is running: the next one waits for it to end (within its 1 s
     average batch time), then goes at once with all three requests that came meanwhile."""
     timed_model(model, 1.0)
 
     async def main() -> None:
-        b = start(model, two_threads, max_inflight=2)
+        b = start(model, max_inflight=2)
         await b.submit("k", request(0, 1), 1)  # the average batch time is now 1 s
-        model.respond = FakeModel().respond
+        model.cost = lambda rows: 0.0
         held = await running(b, model, 10)
         waiting = []
         for i in range(3):
             waiting.append(asyncio.create_task(b.submit("k", request(20 + i, 1), 1)))
             await asyncio.sleep(0.05)
         assert int(model.calls[-1].x[0, 0]) == 10, "started beside the running batch"
-        opened = time.monotonic()
+        opened = now()
         model.gate.set()
         await asyncio.gather(held, *waiting)
         assert model.batches()[-1] == [20, 21, 22]
         assert model.calls[-1].at - opened < 0.05, "went when the running batch ended"
         await b.drain()
 
-    asyncio.run(main())
+    virtual_time.run(main())
 
 
 def test_auto_waits_no_longer_than_one_average_batch_time(
-    model: FakeModel, two_threads: ThreadPoolExecutor
+    model: LoopModel
 ) -> None:
     """Batches have taken 0.2 s; one is held far longer. The next batch starts beside it 0.2 s
     after its oldest row arrived, with the rows that came within those 0.2 s."""
     timed_model(model, 0.2)
 
     async def main() -> None:
-        b = start(model, two_threads, max_inflight=2)
+        b = start(model, max_inflight=2)
         await b.submit("k", request(0, 1), 1)
-        model.respond = FakeModel().respond
+        model.cost = lambda rows: 0.0
         held = await running(b, model, 10)
-        t0 = time.monotonic()
+        t0 = now()
         first = asyncio.create_task(b.submit("k", request(20, 1), 1))
         await asyncio.sleep(0.1)
         second = asyncio.create_task(b.submit("k", request(21, 1), 1))
@@ -361,23 +371,23 @@ def test_auto_waits_no_longer_than_one_average_batch_time(
         await asyncio.gather(held, first, second)
         await b.drain()
 
-    asyncio.run(main())
+    virtual_time.run(main())
 
 
-def test_auto_average_follows_the_recent_batches(model: FakeModel, two_threads: ThreadPoolExecutor) -> None:
+def test_auto_average_follows_the_recent_batches(model: LoopModel) -> None:
     """After many fast batches, one slow batch barely moves the average: the wait beside a held
     batch stays short (about the fast batches' time, not the slow one's 0.5 s)."""
 
     async def main() -> None:
-        b = start(model, two_threads, max_inflight=2)
+        b = start(model, max_inflight=2)
         timed_model(model, 0.02)
         for i in range(10):
             await b.submit("k", request(i, 1), 1)
         timed_model(model, 0.5)
         await b.submit("k", request(100, 1), 1)
-        model.respond = FakeModel().respond
+        model.cost = lambda rows: 0.0
         held = await running(b, model, 200)
-        t0 = time.monotonic()
+        t0 = now()
         beside = asyncio.create_task(b.submit("k", request(300, 1), 1))
         await until(lambda: int(model.calls[-1].x[0, 0]) == 300)
         waited = model.calls[-1].at - t0
@@ -386,36 +396,36 @@ def test_auto_average_follows_the_recent_batches(model: FakeModel, two_threads: 
         await asyncio.gather(held, beside)
         await b.drain()
 
-    asyncio.run(main())
+    virtual_time.run(main())
 
 
-def test_auto_with_one_slot_goes_when_the_running_batch_ends(model: FakeModel, executor: ThreadPoolExecutor) -> None:
+def test_auto_with_one_slot_goes_when_the_running_batch_ends(model: LoopModel) -> None:
     """One batch in flight: the request queued behind it is every row present, so it goes as soon
     as the running batch ends."""
     timed_model(model, 0.3)
 
     async def main() -> None:
-        b = start(model, executor, max_inflight=1)
+        b = start(model, max_inflight=1)
         await b.submit("k", request(0, 1), 1)
-        model.respond = FakeModel().respond
+        model.cost = lambda rows: 0.0
         held = await running(b, model, 10)
         waiting = asyncio.create_task(b.submit("k", request(20, 1), 1))
         await asyncio.sleep(0.05)
-        opened = time.monotonic()
+        opened = now()
         model.gate.set()
         await asyncio.gather(held, waiting)
         assert model.calls[-1].at - opened < 0.05
         await b.drain()
 
-    asyncio.run(main())
+    virtual_time.run(main())
 
 
 # Sentence 3 ---------------------------------------------------------------------------------
 
 
-def test_at_most_max_inflight_batches_execute(model: FakeModel, two_threads: ThreadPoolExecutor) -> None:
+def test_at_most_max_inflight_batches_execute(model: LoopModel) -> None:
     async def main() -> None:
-        b = start(model, two_threads, timeout_s=0.0, max_inflight=2, max_batch_rows=1)
+        b = start(model, timeout_s=0.0, max_inflight=2, max_batch_rows=1)
         model.gate.clear()
         tasks = [asyncio.create_task(b.submit("k", request(i, 1), 1)) for i in range(5)]
         await until(lambda: len(model.calls) == 2)
@@ -423,15 +433,15 @@ def test_at_most_max_inflight_batches_execute(model: FakeModel, two_threads: Thr
         assert len(model.calls) == 2
         model.gate.set()
         await asyncio.gather(*tasks)
-        assert sorted(model.rows_seen()) == [0, 1, 2, 3, 4]
+        assert sorted([r for batch in model.batches() for r in batch]) == [0, 1, 2, 3, 4]
         await b.drain()
 
-    asyncio.run(main())
+    virtual_time.run(main())
 
 
-def test_beyond_max_queued_rows_a_request_is_refused(model: FakeModel, executor: ThreadPoolExecutor) -> None:
+def test_beyond_max_queued_rows_a_request_is_refused(model: LoopModel) -> None:
     async def main() -> None:
-        b = start(model, executor, timeout_s=0.0, max_inflight=1, max_queued_rows=4)
+        b = start(model, timeout_s=0.0, max_inflight=1, max_queued_rows=4)
         held = await running(b, model, 0)
         queued = asyncio.create_task(b.submit("k", request(10, 3), 3))
         await asyncio.sleep(0.01)
@@ -440,18 +450,18 @@ def test_beyond_max_queued_rows_a_request_is_refused(model: FakeModel, executor:
         await asyncio.gather(held, queued)
         await b.drain()
 
-    asyncio.run(main())
+    virtual_time.run(main())
 
 
 @pytest.mark.parametrize(("rows", "padded"), [(1, 2), (2, 2), (3, 4), (5, 8), (8, 8)])
 def test_a_batch_is_padded_to_the_next_allowed_size(
-    model: FakeModel, executor: ThreadPoolExecutor, rows: int, padded: int
+    model: LoopModel, rows: int, padded: int
 ) -> None:
     """The model sees the allowed size, the padding a copy of the batch's first row; each request
     gets only its own rows back."""
 
     async def main() -> None:
-        b = start(model, executor, timeout_s=0.0, max_inflight=1, max_batch_rows=8, allowed_batch_sizes=(2, 4, 8))
+        b = start(model, timeout_s=0.0, max_inflight=1, max_batch_rows=8, allowed_batch_sizes=(2, 4, 8))
         held = await running(b, model, 100)
         parts = [request(10 * i, 1, width=3) for i in range(rows)]
         tasks = [asyncio.create_task(b.submit("k", p, 1)) for p in parts]
@@ -465,21 +475,21 @@ def test_a_batch_is_padded_to_the_next_allowed_size(
         assert [int(v) for v in last.x[:, 0]] == [10 * i for i in range(rows)] + [0] * (padded - rows)
         await b.drain()
 
-    asyncio.run(main())
+    virtual_time.run(main())
 
 
 def test_a_request_larger_than_the_largest_size_is_split_then_padded(
-    model: FakeModel, executor: ThreadPoolExecutor
+    model: LoopModel
 ) -> None:
     async def main() -> None:
-        b = start(model, executor, timeout_s=0.0, max_batch_rows=4, allowed_batch_sizes=(2, 4))
+        b = start(model, timeout_s=0.0, max_batch_rows=4, allowed_batch_sizes=(2, 4))
         answer = await b.submit("k", request(0, 7), 7)
         assert_answer(request(0, 7), answer.outputs)
         assert [c.rows for c in model.calls] == [4, 4], "4 rows, then 3 padded to 4"
         assert model.batches()[1] == [4, 5, 6, 4]
         await b.drain()
 
-    asyncio.run(main())
+    virtual_time.run(main())
 
 
 # The batch cost the auto wait reads ------------------------------------------------------------
