@@ -3,29 +3,27 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import pytest
 
-from bench import suite
+from bench import judge as suite
+from bench.results import ModelResults, Run
 
 
-def closed(concurrency: int, req_per_s: float, server_us: float, client_us: float) -> dict[str, Any]:
-    return {"mode": "closed", "concurrency": concurrency, "req_per_s": req_per_s,
-            "server_cpu_us": server_us, "client_cpu_us": client_us}
+def closed(concurrency: int, req_per_s: float, server_us: float, client_us: float) -> Run:
+    return Run(mode="closed", concurrency=concurrency, rate=0.0, rows=1, seconds=1.0, requests=1, codes={"OK": 1},
+               req_per_s=req_per_s, rows_per_s=req_per_s, p50_ms=1.0, p90_ms=1.0, p99_ms=1.0, p999_ms=1.0,
+               max_ms=1.0, server_cpu_us=server_us, client_cpu_us=client_us)
 
 
-def model_run(fixed_req_per_s: float, per_row: dict[str, float] | None) -> dict[str, Any]:
+def model_run(fixed_req_per_s: float, per_row: dict[str, float] | None) -> ModelResults:
     """One model's results: the fixed-response server and three others at 1 and 64 clients."""
-    run: dict[str, Any] = {
+    return ModelResults(closed={
         "fixed": [closed(1, 2000, 300, 230), closed(64, fixed_req_per_s, 200, 170)],
         "off": [closed(1, 600, 700, 250), closed(64, 900, 650, 230)],
         "default": [closed(1, 650, 700, 250), closed(64, 3000, 280, 100)],
         "reference": [closed(1, 250, 1700, 350), closed(64, 3500, 300, 80)],
-    }
-    if per_row is not None:
-        run["inprocess_cpu_us_per_row"] = per_row
-    return run
+    }, inprocess_cpu_us_per_row=per_row)
 
 
 @pytest.fixture
@@ -56,7 +54,6 @@ def test_a_run_without_the_models_cpu_has_no_reach() -> None:
 @pytest.mark.usefixtures("two_cores")
 def test_goal_a_gives_the_reach_beside_the_ratio() -> None:
     run = model_run(4000, {"1": 400.0, "16": 60.0, "64": 20.0})
-    run["sweep"] = []
     (a, _, _, _) = suite.goals({"dense": run})  # a model that goals c and d do not judge
     assert a.status == "FAIL" and a.summary == "dense 0.86 (reach 1.14)"  # 3,000 / 3,500; 4,000 / 3,500
     assert a.figures["dense"]["ratio"] == pytest.approx(3000 / 3500)
