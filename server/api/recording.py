@@ -56,9 +56,3 @@ class Recorder:
         if is_refusal(exc):
             REFUSAL_LOG.refused(f"{self._protocol} {method} ({code.name}, {type(exc).__name__})", message, peer)
         return code, message
-
-    async def fail(self, method: str, exc: BaseException, context: grpc.aio.ServicerContext, started: float,
-                   servable: Servable | None = None, name: str = "") -> None:
-        """End an RPC that raised: failed(), then abort with that status (which raises)."""
-        code, message = self.failed(method, exc, started, servable, name, context.peer())
-        await context.abort(code, message)
