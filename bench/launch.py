@@ -15,9 +15,12 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
+T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 SERVING = re.compile(r"serving model=.* grpc_port=(\d+) rest_api_port=(-?\d+) metrics_port=(-?\d+)")
 LISTENING = re.compile(r"listening grpc_port=(\d+) rest_api_port=(-?\d+) metrics_port=(-?\d+)")
@@ -73,12 +76,33 @@ class ServerProcess:
 
     def stop(self, timeout: float = 30) -> int:
         self.request_stop()
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        return int(self.process.returncode)
+        return reap(self.process, timeout)
+
+
+def reap(process: subprocess.Popen[bytes], timeout: float = 30) -> int:
+    """Wait for a process told to stop; kill it if it has not exited within `timeout`."""
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    return int(process.returncode)
+
+
+def poll_until(process: subprocess.Popen[bytes], find: Callable[[], T | None], log_path: Path, timeout: float,
+               what: str = "server") -> T:
+    """Ask `find` every 0.1 s until it answers; if the process exits first or `timeout` passes, kill
+    it and raise with the tail of its log."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = find()
+        if found is not None:
+            return found
+        if process.poll() is not None:
+            break
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"{what} did not start:\n{log_path.read_text(errors='replace')[-4000:]}")
 
 
 def spawn_server(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -94,16 +118,13 @@ def spawn_server(args: list[str], log_path: Path, env: dict[str, str] | None = N
 def wait_for_server(process: subprocess.Popen[bytes], log_path: Path, timeout: float = 120,
                     ready: bool = True) -> ServerProcess:
     """Wait until a spawned server serves (or, ready=False, listens); killed if it does not in time."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        match = (SERVING if ready else LISTENING).search(log_path.read_text(errors="replace"))
-        if match:
-            return ServerProcess(process, int(match.group(1)), int(match.group(2)), log_path)
-        if process.poll() is not None:
-            break
-        time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f"server did not start:\n{log_path.read_text(errors='replace')[-4000:]}")
+    line = SERVING if ready else LISTENING
+
+    def ports() -> ServerProcess | None:
+        match = line.search(log_path.read_text(errors="replace"))
+        return None if match is None else ServerProcess(process, int(match.group(1)), int(match.group(2)), log_path)
+
+    return poll_until(process, ports, log_path, timeout)
 
 
 def start_server(args: list[str], log_path: Path, env: dict[str, str] | None = None,

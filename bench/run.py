@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +19,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.judge import GOAL_LEVEL
-from bench.launch import ROOT, ServerProcess, spawn_server, wait_for_server
+from bench.launch import ROOT, ServerProcess, poll_until, reap, spawn_server, wait_for_server
 from bench.results import PROTOCOLS, SERVERS, SWEPT, ModelResults, Run, SweepPoint, SweepSide, median_run
 
 SHAPES = {"mlp": ("x", (1, 256)), "cnn": ("image", (1, 96, 96, 3)), "dense": ("x", (1, 512)),
@@ -59,23 +58,15 @@ class _PortFileServer:
                                            env=ENV, stdout=log, stderr=subprocess.STDOUT)
 
     def wait(self, timeout: float = 180) -> Server:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def served() -> Server | None:
             text = self.port_file.read_text().strip() if self.port_file.exists() else ""
-            if text:
-                return Server(f"127.0.0.1:{text}", self.handle.pid, self.stop)
-            if self.handle.poll() is not None:
-                break
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"{self.handle.args!r} did not start:\n{self.log.read_text()[-3000:]}")
+            return Server(f"127.0.0.1:{text}", self.handle.pid, self.stop) if text else None
+
+        return poll_until(self.handle, served, self.log, timeout, repr(self.handle.args))
 
     def stop(self) -> None:
         self.handle.terminate()
-        try:
-            self.handle.wait(30)
-        except subprocess.TimeoutExpired:
-            self.handle.kill()
+        reap(self.handle)
 
 
 def _ours(server: ServerProcess) -> Server:

@@ -56,13 +56,13 @@ ones on a thread, so the loop serves other requests meanwhile."""
 CLEAN_EXIT = {"FileNotFoundError": FileNotFoundError, "ValueError": ValueError, "OSError": OSError}
 
 
-
 def _worker_main(*args: Any) -> None:
     """The worker process's entry point. The worker's code (and TensorFlow) is imported there, in
     the child, never in the serving process."""
     from server.worker import loop
 
     loop.run(*args)
+
 
 class _StartLost(Exception):
     """The channel ended before the worker said it had started."""

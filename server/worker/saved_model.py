@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import tensor_shape_pb2, types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
@@ -64,7 +65,7 @@ def signature_from_def(name: str, sdef: SignatureDefinition) -> Signature:
     return Signature(name=name, inputs=specs(sdef.inputs), outputs=specs(sdef.outputs))
 
 
-def _numpy(enum: int) -> Any:
+def _numpy(enum: int) -> np.dtype:
     try:
         name = str(types_pb2.DataType.Name(enum))
     except ValueError:

@@ -102,6 +102,15 @@ async def predict(registry: Registry, name: str = "m") -> np.ndarray:
     return result.outputs["y"]
 
 
+async def held_request(worker: FakeWorker, registry: Registry) -> asyncio.Task[np.ndarray]:
+    """A 3-row request whose batch has reached the worker and is held there until worker.gate opens."""
+    worker.gate = asyncio.Event()
+    request = asyncio.create_task(predict(registry))
+    while worker.calls[-1][0] != "run" or worker.calls[-1][3] != 3:
+        await asyncio.sleep(0)
+    return request
+
+
 def test_a_version_loads_warms_its_batch_path_and_serves(tmp_path: Path) -> None:
     async def go() -> None:
         lifecycle, worker, registry, source = setup(tmp_path)
@@ -171,10 +180,7 @@ def test_a_removed_model_leaves_resolution_at_once_and_finishes_its_requests(tmp
         lifecycle, worker, registry, source = setup(tmp_path)
         folder(Path(source.base_path), 1)
         await lifecycle.apply([source])
-        worker.gate = asyncio.Event()
-        request = asyncio.create_task(predict(registry))
-        while worker.calls[-1][0] != "run" or worker.calls[-1][3] != 3:
-            await asyncio.sleep(0)
+        request = await held_request(worker, registry)
         applying = asyncio.create_task(lifecycle.apply([]))
         await asyncio.sleep(0.01)
         with pytest.raises(NotFound):
@@ -194,10 +200,7 @@ def test_a_worker_that_dies_mid_batch_fails_the_batch_and_later_loads(tmp_path: 
         base = Path(source.base_path)
         folder(base, 1)
         await lifecycle.apply([source])
-        worker.gate = asyncio.Event()
-        request = asyncio.create_task(predict(registry))
-        while worker.calls[-1][0] != "run" or worker.calls[-1][3] != 3:
-            await asyncio.sleep(0)
+        request = await held_request(worker, registry)
         worker.alive = False
         worker.gate.set()
         with pytest.raises(Unavailable, match="model worker is gone"):
