@@ -9,8 +9,13 @@ gauges of a version are removed when it is unloaded, so none lingers for version
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge, Histogram
+
+if TYPE_CHECKING:  # plain data only: the metrics stay importable from anywhere
+    from server.core.batcher import Answer, BatchTiming
+    from server.core.statistics import VersionStatistics
 
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
@@ -105,9 +110,10 @@ def forget_version(model: str, version: str) -> None:
 
 
 class BatcherMetrics:
-    """The batcher's observer (server.core.batcher.BatchObserver), with the labels bound once."""
+    """The batcher's observer (server.core.batcher.BatchObserver), with the labels bound once; it
+    records the version's statistics (Triton's ModelStatistics) from the same readings."""
 
-    def __init__(self, model: str, version: str) -> None:
+    def __init__(self, model: str, version: str, statistics: VersionStatistics) -> None:
         # The queue gauges are read when scraped rather than set on every change: the batcher
         # reports a change several times per request, and each set takes a lock.
         self.queued_rows = 0
@@ -118,6 +124,7 @@ class BatcherMetrics:
         self._batch_rows = BATCH_ROWS.labels(model, version)
         self._batch_seconds = BATCH_SECONDS.labels(model, version)
         self._queue_seconds = QUEUE_SECONDS.labels(model, version)
+        self._statistics = statistics
         self._dropped = {reason: DROPPED.labels(model, version, reason) for reason in ("deadline", "cancelled")}
 
     def queue_changed(self, rows: int, requests: int) -> None:
@@ -128,13 +135,16 @@ class BatcherMetrics:
         self._in_flight.inc()
         self._batch_rows.observe(rows)
 
-    def batch_finished(self, seconds: float | None) -> None:
+    def batch_finished(self, rows: int, padded: int, timing: BatchTiming | None) -> None:
         self._in_flight.dec()
-        if seconds is not None:
-            self._batch_seconds.observe(seconds)
+        if timing is not None:
+            self._batch_seconds.observe(timing.infer_seconds)
+            self._statistics.batch_ran(rows, padded, timing.input_seconds, timing.infer_seconds,
+                                       timing.output_seconds)
 
-    def request_finished(self, queue_seconds: float) -> None:
-        self._queue_seconds.observe(queue_seconds)
+    def request_finished(self, answer: Answer) -> None:
+        self._queue_seconds.observe(answer.queue_seconds)
+        self._statistics.request_queued(answer.queue_seconds)
 
     def request_dropped(self, reason: str) -> None:
         self._dropped[reason].inc()

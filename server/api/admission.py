@@ -15,7 +15,9 @@ from typing import Any, TypeVar
 import grpc
 
 from server.api.recording import Recorder
+from server.core.inference import Inference
 from server.core.servables import Servable
+from server.core.statistics import RequestTiming
 from server.errors import Overloaded
 
 REFUSED = "the server is shutting down; retry on another replica"
@@ -24,12 +26,39 @@ REFUSED = "the server is shutting down; retry on another replica"
 @dataclass(slots=True)
 class Call:
     """One call's bookkeeping, filled in by its handler as it learns them: the model name the
-    client asked for and, once resolved, the version (servable) it is counted against."""
+    client asked for and, once resolved, the version (servable) it is counted against; for an
+    inference, where its time went."""
 
     method: str
     started: float
     name: str = ""
     servable: Servable | None = None
+    timing: RequestTiming | None = None
+    """Set by `answered`, once its response is encoded."""
+    _handed: float = 0.0
+    _inferred: float = 0.0
+    _inference: Inference | None = None
+
+    async def infer(self, work: Awaitable[Inference]) -> Inference:
+        """Await the core's `infer(...)`, noting when the decoded request went in and came out."""
+        self._handed = time.perf_counter()
+        self._inference = await work
+        self._inferred = time.perf_counter()
+        return self._inference
+
+    def answered(self) -> RequestTiming:
+        """Its response is encoded: where its time went, from receipt until now."""
+        now = time.perf_counter()
+        result = self._inference
+        assert result is not None, "answered() before infer()"
+        self.timing = RequestTiming(
+            queue_seconds=result.queue_seconds,
+            input_seconds=self._handed - self.started + result.input_seconds,
+            infer_seconds=result.compute_seconds,
+            output_seconds=result.output_seconds + now - self._inferred,
+            total_seconds=now - self.started,
+        )
+        return self.timing
 
 
 T = TypeVar("T")
@@ -79,11 +108,15 @@ class Admission:
         try:
             result = await work
         except Exception as exc:  # every failure leaves through the status table
+            if counted and call.servable is not None:
+                call.servable.statistics.request_failed(time.perf_counter() - call.started)
             return await fail(exc)
         finally:
             if counted:
                 self.answered += 1
-        self.recorder.record(call.method, grpc.StatusCode.OK, call.started, call.servable, call.name)
+        seconds = self.recorder.record(call.method, grpc.StatusCode.OK, call.started, call.servable, call.name)
+        if counted and call.servable is not None:
+            call.servable.statistics.request_succeeded(seconds, call.timing)
         return result
 
 

@@ -23,10 +23,10 @@ class Recorder:
         self._unresolved: dict[tuple[str, str, grpc.StatusCode], tuple[Any, Any]] = {}
 
     def record(self, method: str, code: grpc.StatusCode, started: float, servable: Servable | None = None,
-               name: str = "") -> None:
+               name: str = "") -> float:
         """Count the RPC under its version when one was resolved, else under its model if that is
         configured, else under model="" (so clients cannot mint label values). The metric children
-        are looked up once per (version, method, code) and kept."""
+        are looked up once per (version, method, code) and kept. Returns the seconds observed."""
         if servable is not None:
             key: tuple[Any, ...] = ("metrics", self._protocol, method, code)
             pair = servable.cache.get(key)
@@ -41,8 +41,10 @@ class Recorder:
                 pair = self._unresolved[model, method, code] = (
                     metrics.REQUESTS.labels(self._protocol, model, "", method, code.name),
                     metrics.REQUEST_SECONDS.labels(self._protocol, model, "", method))
+        seconds = time.perf_counter() - started
         pair[0].inc()
-        pair[1].observe(time.perf_counter() - started)
+        pair[1].observe(seconds)
+        return seconds
 
     def failed(self, method: str, exc: BaseException, started: float, servable: Servable | None = None,
                name: str = "", peer: str = "") -> tuple[grpc.StatusCode, str]:

@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 from google.protobuf import json_format
 
-from server.api import rest, tfs_json
+from server.api import request_timing, rest, tfs_json
 from server.api.admission import Call
 from server.api.recording import Recorder
 from server.api.rest_body import BodyDecoder, read_body
@@ -97,8 +97,10 @@ class TfsRest(rest.RestFrontEnd):
         signature, row_format, inputs = await self._decoder.decode(
             len(raw), tfs_json.decode_predict_body, raw, _input_specs(servable), self._max_body_bytes)
         # inputs is None only for a signature the version does not serve, which infer refuses first.
-        result = await infer(servable, signature, inputs or {}, (), deadline)
-        return rest.json_response(tfs_json.encode_outputs(result.outputs, row_format))
+        result = await call.infer(infer(servable, signature, inputs or {}, (), deadline))
+        response = rest.json_response(tfs_json.encode_outputs(result.outputs, row_format))
+        response.headers[request_timing.SERVER_TIMING] = request_timing.server_timing(call.answered())
+        return response
 
 
 def _input_specs(servable: Servable) -> dict[str, Any]:

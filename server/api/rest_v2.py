@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from server.api import rest, v2_json, v2_model
+from server.api import request_timing, rest, v2_json, v2_model
 from server.api.admission import Call
 from server.api.recording import Recorder
 from server.api.rest_body import BodyDecoder, read_body
@@ -92,9 +92,11 @@ class V2Rest(rest.RestFrontEnd):
         if body.timeout_us is not None:
             until = time.monotonic() + body.timeout_us / 1e6
             deadline = until if deadline is None else min(deadline, until)
-        result = await infer(servable, body.signature_name, body.inputs, body.outputs, deadline)
-        encoded, header_length = v2_json.encode_infer(servable.name, str(servable.version), body, result.outputs)
+        result = await call.infer(infer(servable, body.signature_name, body.inputs, body.outputs, deadline))
+        encoded, header_length = v2_json.encode_infer(servable.name, str(servable.version), body, result.outputs,
+                                                      request_timing.v2_parameters(result))
+        timing = {request_timing.SERVER_TIMING: request_timing.server_timing(call.answered())}
         if header_length is None:
-            return web.Response(body=encoded, content_type="application/json")
+            return web.Response(body=encoded, content_type="application/json", headers=timing)
         return web.Response(body=encoded, content_type="application/octet-stream",
-                            headers={v2_json.HEADER_LENGTH: str(header_length)})
+                            headers={v2_json.HEADER_LENGTH: str(header_length), **timing})

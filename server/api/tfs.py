@@ -11,6 +11,7 @@ import grpc
 
 from protos.tensorflow_serving import get_model_metadata_pb2, model_pb2, predict_pb2, prediction_service_pb2
 from server import codec
+from server.api import request_timing
 from server.api.admission import Admission, Call, ConcurrencyLimit, add_limited_handlers, deadline_of, grpc_call
 from server.api.recording import Recorder
 from server.api.status import parse
@@ -24,8 +25,6 @@ SERVICE = prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"
 PROTOCOL = "tfserving"
 """The protocol label of this front-end's request metrics."""
 SIGNATURE_DEF = "signature_def"
-QUEUE_TRAILER = "mirrorserve-queue-seconds"
-COMPUTE_TRAILER = "mirrorserve-compute-seconds"
 
 
 def version_choice(spec: Any) -> tuple[int | None, str | None]:
@@ -90,14 +89,11 @@ class PredictionServicer(Admission):
         call.servable = servable = self._registry.resolve(spec.name, *version_choice(spec))
         inputs = {name: codec.to_ndarray(tensor, name=name, max_bytes=self._max_tensor_bytes)
                   for name, tensor in request.inputs.items()}
-        result = await infer(servable, spec.signature_name, inputs, request.output_filter, deadline)
+        result = await call.infer(infer(servable, spec.signature_name, inputs, request.output_filter, deadline))
         response = predict_pb2.PredictResponse(model_spec=self._model_spec(result.servable, result.signature))
         for output, array in result.outputs.items():
             codec.fill_tensor_proto(response.outputs[output], array)
-        context.set_trailing_metadata((
-            (QUEUE_TRAILER, f"{result.queue_seconds:.6f}"),
-            (COMPUTE_TRAILER, f"{result.compute_seconds:.6f}"),
-        ))
+        context.set_trailing_metadata(request_timing.trailers(call.answered()))
         return response
 
     @grpc_call("GetModelMetadata", drained=True)

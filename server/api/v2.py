@@ -16,7 +16,7 @@ import grpc
 from google.protobuf import json_format
 
 from protos.inference import grpc_service_pb2 as pb
-from server.api import v2_codec, v2_model
+from server.api import request_timing, v2_codec, v2_model
 from server.api.admission import Admission, Call, ConcurrencyLimit, add_limited_handlers, deadline_of, grpc_call
 from server.api.recording import Recorder
 from server.api.status import parse
@@ -69,12 +69,16 @@ class V2Servicer(Admission):
         call.servable = servable = self._registry.resolve(request.model_name, v2_model.parse_version(
             request.model_version, "model_version"))
         signature = _signature_name(request.parameters)
-        result = await infer(servable, signature, self._inputs(request), [o.name for o in request.outputs], deadline)
+        result = await call.infer(infer(servable, signature, self._inputs(request), [o.name for o in request.outputs],
+                                        deadline))
         response = pb.ModelInferResponse(model_name=servable.name, model_version=str(servable.version), id=request.id)
         for output, array in result.outputs.items():
             datatype, data = v2_codec.encode_raw(array)
             response.outputs.add(name=output, datatype=datatype, shape=array.shape)
             response.raw_output_contents.append(data)
+        for name, value in request_timing.v2_parameters(result).items():
+            response.parameters[name].int64_param = value
+        context.set_trailing_metadata(request_timing.trailers(call.answered()))
         return response
 
     def _inputs(self, request: Any) -> dict[str, Any]:

@@ -169,8 +169,8 @@ def _outputs(value: Any) -> tuple[list[str], set[str]]:
     return names, binary
 
 
-def encode_infer(model: str, version: str, request: InferRequest, outputs: Mapping[str, np.ndarray]
-                 ) -> tuple[bytes, int | None]:
+def encode_infer(model: str, version: str, request: InferRequest, outputs: Mapping[str, np.ndarray],
+                 parameters: Mapping[str, Any] | None = None) -> tuple[bytes, int | None]:
     """(body, JSON header length or None when nothing is binary) of the response."""
     tensors, chunks = [], []
     for name, array in outputs.items():
@@ -186,6 +186,8 @@ def encode_infer(model: str, version: str, request: InferRequest, outputs: Mappi
     response: dict[str, Any] = {"model_name": model, "model_version": version}
     if request.id:
         response["id"] = request.id
+    if parameters:
+        response["parameters"] = dict(parameters)
     response["outputs"] = tensors
     header = json_codec.dumps(response)
     if not chunks:

@@ -40,11 +40,35 @@ from server.core.assembly import Tensors, check_rows, concat_rows, padding_rows,
 from server.core.batching_policy import SMOOTHING, BatchCost, auto_bound, busy_share, dispatch_at, padded_rows
 from server.errors import DeadlineExceeded, Overloaded, Unavailable
 
-RunBatch = Callable[[Hashable, list[Tensors]], Awaitable[tuple[Tensors, float]]]
+
+@dataclass(frozen=True)
+class Ran:
+    """What running one batch gave back."""
+
+    outputs: Tensors
+    """Its outputs, rows in order."""
+    seconds: float
+    """The model's time on it (compute_infer)."""
+    input_seconds: float = 0.0
+    """From the hand-off to the model starting on it: the copy into the model worker and the
+    message there (compute_input's share of the batch; 0 where the runner cannot tell)."""
+
+
+RunBatch = Callable[[Hashable, list[Tensors]], Awaitable[Ran]]
 """Runs one batch, given as the requests' parts in row order, somewhere other than the event loop
-(the model worker process; a thread in the unit tests) and returns its outputs, rows in order,
-and the seconds the model spent on it. The parts are not concatenated here: the model worker's
-side writes them straight into shared memory, so a batch's inputs are copied once, not twice."""
+(the model worker process; a thread in the unit tests). The parts are not concatenated here: the
+model worker's side writes them straight into shared memory, so a batch's inputs are copied once,
+not twice."""
+
+
+@dataclass(frozen=True)
+class BatchTiming:
+    """Where one batch's round trip went: handing it over, the model, and getting its outputs
+    back and split per request (the three add up to the round trip)."""
+
+    input_seconds: float
+    infer_seconds: float
+    output_seconds: float
 
 
 class BatchObserver(Protocol):
@@ -52,9 +76,9 @@ class BatchObserver(Protocol):
 
     def queue_changed(self, rows: int, requests: int) -> None: ...
     def batch_started(self, rows: int) -> None: ...
-    def batch_finished(self, seconds: float | None) -> None:
-        """seconds is None when the batch failed."""
-    def request_finished(self, queue_seconds: float) -> None: ...
+    def batch_finished(self, rows: int, padded: int, timing: BatchTiming | None) -> None:
+        """`rows` of the requests, `padded` the size the model ran; timing is None when it failed."""
+    def request_finished(self, answer: Answer) -> None: ...
     def request_dropped(self, reason: str) -> None:
         """reason: "deadline" or "cancelled"; the request never reached the model."""
 
@@ -66,10 +90,10 @@ class _NoObserver:
     def batch_started(self, rows: int) -> None:
         pass
 
-    def batch_finished(self, seconds: float | None) -> None:
+    def batch_finished(self, rows: int, padded: int, timing: BatchTiming | None) -> None:
         pass
 
-    def request_finished(self, queue_seconds: float) -> None:
+    def request_finished(self, answer: Answer) -> None:
         pass
 
     def request_dropped(self, reason: str) -> None:
@@ -81,9 +105,13 @@ class Answer:
     outputs: Tensors
     """This request's rows of every output, in its row order."""
     queue_seconds: float
-    """Time in the batcher not spent computing this request's batches."""
+    """Time in the batcher not spent on this request's batches: waiting."""
     compute_seconds: float
-    """Execution time of the batches that carried this request's rows, summed."""
+    """The model's time on the batches that carried this request's rows, summed."""
+    input_seconds: float = 0.0
+    """Handing those batches to the model, summed (BatchTiming.input_seconds)."""
+    output_seconds: float = 0.0
+    """Getting their outputs back and split, summed (BatchTiming.output_seconds)."""
 
 
 @dataclass(eq=False)
@@ -101,25 +129,31 @@ class _Request:
     parts: dict[int, Tensors] = field(default_factory=dict)
     done_rows: int = 0
     compute_seconds: float = 0.0
+    input_seconds: float = 0.0
+    output_seconds: float = 0.0
 
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
 
-    def deliver(self, start: int, outputs: Tensors, rows: int, compute_seconds: float, now: float) -> float | None:
-        """Record one part; when it completes the request, resolve it and return its queue time."""
+    def deliver(self, start: int, outputs: Tensors, rows: int, timing: BatchTiming, now: float) -> Answer | None:
+        """Record one part; when it completes the request, resolve it and return its answer."""
         if self.future.done():
             return None
         self.parts[start] = outputs
         self.done_rows += rows
-        self.compute_seconds += compute_seconds
+        self.compute_seconds += timing.infer_seconds
+        self.input_seconds += timing.input_seconds
+        self.output_seconds += timing.output_seconds
         if self.done_rows < self.rows:
             return None
-        queue_seconds = max(0.0, now - self.enqueued_at - self.compute_seconds)
+        busy = self.compute_seconds + self.input_seconds + self.output_seconds
+        queue_seconds = max(0.0, now - self.enqueued_at - busy)
         if len(self.parts) > 1:
             outputs = concat_rows([self.parts[s] for s in sorted(self.parts)])
         # else: the one part, rows of the batch's outputs, which nobody writes to
-        self.future.set_result(Answer(outputs, queue_seconds, self.compute_seconds))
-        return queue_seconds
+        answer = Answer(outputs, queue_seconds, self.compute_seconds, self.input_seconds, self.output_seconds)
+        self.future.set_result(answer)
+        return answer
 
     def fail(self, exc: BaseException) -> None:
         if not self.future.done():
@@ -435,25 +469,29 @@ class Batcher:
     async def _run_once(self, key: Hashable, live: list[_Slice]) -> Exception | None:
         rows = sum(s.rows for s in live)
         self._observer.batch_started(rows)
-        seconds: float | None = None
+        timing: BatchTiming | None = None
         parts = [s.inputs() for s in live]
         padded = padded_rows(self._allowed_batch_sizes, rows)
         if padded > rows:
             parts.append(padding_rows(parts[0], padded - rows))
         try:
-            outputs, elapsed = await self._run_batch(key, parts)
+            handed = self._clock()
+            ran = await self._run_batch(key, parts)
+            outputs = ran.outputs
             check_rows(outputs, padded, "batch")
             if padded > rows:
                 outputs = {name: array[:rows] for name, array in outputs.items()}
-            seconds = elapsed
-            self._cost.add(padded, elapsed)
+            self._cost.add(padded, ran.seconds)
+            split = split_rows(outputs, [s.rows for s in live])
+            now = self._clock()
+            input_seconds = max(0.0, ran.input_seconds)
+            timing = BatchTiming(input_seconds, ran.seconds, max(0.0, now - handed - input_seconds - ran.seconds))
         except Exception as exc:
             return exc
         finally:
-            self._observer.batch_finished(seconds)
-        now = self._clock()
-        for s, part in zip(live, split_rows(outputs, [s.rows for s in live]), strict=True):
-            queue_seconds = s.request.deliver(s.start, part, s.rows, elapsed, now)
-            if queue_seconds is not None:
-                self._observer.request_finished(queue_seconds)
+            self._observer.batch_finished(rows, padded, timing)
+        for s, part in zip(live, split, strict=True):
+            answer = s.request.deliver(s.start, part, s.rows, timing, now)
+            if answer is not None:
+                self._observer.request_finished(answer)
         return None

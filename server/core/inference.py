@@ -28,6 +28,11 @@ class Inference:
     outputs: dict[str, np.ndarray]
     queue_seconds: float
     compute_seconds: float
+    """The model's time on this request's batches."""
+    input_seconds: float
+    """Handing those batches to the model (server.core.batcher.BatchTiming)."""
+    output_seconds: float
+    """Getting their outputs back and split."""
 
 
 def predictor_of(servable: Servable) -> Predictor:
@@ -48,4 +53,5 @@ async def infer(servable: Servable, signature: str, inputs: Mapping[str, np.ndar
     predictor = predictor_of(servable)
     chosen = predictor.signature(signature or DEFAULT_SIGNATURE)
     answer = await predictor.predict(chosen, inputs, outputs, deadline)
-    return Inference(servable, chosen.name, answer.outputs, answer.queue_seconds, answer.compute_seconds)
+    return Inference(servable, chosen.name, answer.outputs, answer.queue_seconds, answer.compute_seconds,
+                     answer.input_seconds, answer.output_seconds)

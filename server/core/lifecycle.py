@@ -33,7 +33,7 @@ from server import metrics
 from server.config import Settings
 from server.core import batching_policy
 from server.core.assembly import Tensors
-from server.core.batcher import Batcher
+from server.core.batcher import Batcher, Ran
 from server.core.batching_policy import BatchingPolicy
 from server.core.model_config import ConfigError, ModelSource, read_config_file
 from server.core.model_process import LoadError
@@ -307,12 +307,14 @@ class Lifecycle:
         replica_rows = [metrics.REPLICA_ROWS.labels(*labels, str(i)) for i in range(self._devices)]
         worker, servable_id = self._worker, servable.id
 
-        async def run_batch(key: Hashable, parts: Sequence[Tensors]) -> tuple[Tensors, float]:
+        async def run_batch(key: Hashable, parts: Sequence[Tensors]) -> Ran:
             assert isinstance(key, BatchKey)
+            handed = time.monotonic()
             done = await worker.run(servable_id, key.signature, parts)
             for counter, rows in zip(replica_rows, done.replica_rows, strict=False):
                 counter.inc(rows)
-            return done.outputs, done.seconds
+            handing = 0.0 if done.started_at is None else done.started_at - handed
+            return Ran(done.outputs, done.seconds, handing)
 
         batcher = Batcher(
             run_batch,
@@ -321,7 +323,7 @@ class Lifecycle:
             max_queued_rows=policy.max_queued_rows,
             max_inflight=policy.max_inflight_batches,
             allowed_batch_sizes=policy.allowed_batch_sizes,
-            observer=metrics.BatcherMetrics(*labels),
+            observer=metrics.BatcherMetrics(*labels, servable.statistics),
         )
         batcher.start()
         metrics.QUEUE_ROWS_LIMIT.labels(*labels).set(policy.max_queued_rows)

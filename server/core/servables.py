@@ -17,6 +17,7 @@ from typing import Any
 from server.core.model_config import ModelSource
 from server.core.prediction import Predictor
 from server.core.signatures import SignatureDefinition
+from server.core.statistics import VersionStatistics
 from server.errors import InvalidInput, NotFound, Unavailable
 
 
@@ -51,6 +52,8 @@ class Servable:
     signature_defs: Mapping[str, SignatureDefinition] = field(default_factory=dict)
     cache: dict[Hashable, Any] = field(default_factory=dict)
     """Values the front-ends build once per version (response protos, metric children)."""
+    statistics: VersionStatistics = field(default_factory=VersionStatistics)
+    """Its figures since this load (Triton's ModelStatistics)."""
 
 
 @dataclass(eq=False)

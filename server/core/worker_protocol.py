@@ -134,6 +134,9 @@ class Done:
     """tf.function traces per signature of this servable so far (the server makes a counter of it)."""
     replica_rows: tuple[int, ...]
     """Rows of the batch each replica ran, as the worker split it."""
+    started_at: float | None = None
+    """When the worker began on the batch, on time.monotonic (CLOCK_MONOTONIC, one clock for
+    every process of the machine): what the server measures the hand-over against."""
 
 
 @dataclass(frozen=True)

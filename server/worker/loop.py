@@ -280,6 +280,7 @@ class _Batches:
             self._conn.send(result)
 
     def _run(self, message: Run) -> Done | Failed:
+        started_at = time.monotonic()  # CLOCK_MONOTONIC: the server process reads the same clock
         started = time.perf_counter()
         servable = self._loaded.get(message.servable)
         if servable is None:
@@ -292,7 +293,8 @@ class _Batches:
         except Exception as exc:  # a bug here must fail the batch, not the worker
             log.error("batch of signature '%s' failed", message.signature, exc_info=True)
             return Failed(message.seq, f"{type(exc).__name__}: {exc}")
-        return Done(message.seq, outputs, time.perf_counter() - started, dict(servable.traces), replica_rows)
+        return Done(message.seq, outputs, time.perf_counter() - started, dict(servable.traces), replica_rows,
+                    started_at)
 
 
 def _first_call() -> None:

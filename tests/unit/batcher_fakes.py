@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from server.core.assembly import concat_rows
-from server.core.batcher import RunBatch
+from server.core.batcher import Answer, BatchTiming, Ran, RunBatch
 from server.errors import Overloaded
 
 Tensors = dict[str, np.ndarray]
@@ -50,12 +50,12 @@ def fail_on_negative(key: Hashable, batch: Tensors) -> Tensors:
 def on_thread(model: Callable[[Hashable, Tensors], Tensors], executor: Executor) -> RunBatch:
     """The batcher's RunBatch for a blocking fake model: run it on the executor and time it there."""
 
-    def timed(key: Hashable, batch: Tensors) -> tuple[Tensors, float]:
+    def timed(key: Hashable, batch: Tensors) -> Ran:
         started = time.monotonic()
         outputs = model(key, batch)
-        return outputs, time.monotonic() - started
+        return Ran(outputs, time.monotonic() - started)
 
-    async def run(key: Hashable, parts: list[Tensors]) -> tuple[Tensors, float]:
+    async def run(key: Hashable, parts: list[Tensors]) -> Ran:
         # The parts are joined where the batch runs, as the model worker joins them into its slot.
         return await asyncio.get_running_loop().run_in_executor(executor, timed, key, concat_rows(parts))
 
@@ -105,6 +105,7 @@ class RecordingObserver:
         self.started: list[int] = []
         self.finished: list[float | None] = []
         self.request_queue_seconds: list[float] = []
+        self.timings: list[BatchTiming | None] = []
         self.dropped: list[str] = []
 
     def queue_changed(self, rows: int, requests: int) -> None:
@@ -113,11 +114,12 @@ class RecordingObserver:
     def batch_started(self, rows: int) -> None:
         self.started.append(rows)
 
-    def batch_finished(self, seconds: float | None) -> None:
-        self.finished.append(seconds)
+    def batch_finished(self, rows: int, padded: int, timing: BatchTiming | None) -> None:
+        self.finished.append(None if timing is None else timing.infer_seconds)
+        self.timings.append(timing)
 
-    def request_finished(self, queue_seconds: float) -> None:
-        self.request_queue_seconds.append(queue_seconds)
+    def request_finished(self, answer: Answer) -> None:
+        self.request_queue_seconds.append(answer.queue_seconds)
 
     def request_dropped(self, reason: str) -> None:
         self.dropped.append(reason)

@@ -26,7 +26,7 @@ from batcher_fakes import Call, Tensors, assert_answer, double, refused, request
 from virtual_time import now
 
 from server.core.assembly import concat_rows
-from server.core.batcher import Batcher
+from server.core.batcher import Batcher, Ran
 from server.core.batching_policy import BatchCost
 
 pytestmark = pytest.mark.timeout(30)
@@ -44,13 +44,13 @@ class LoopModel:
         self.respond: Callable[[Hashable, Tensors], Tensors] = double
         self.cost: Callable[[int], float] = lambda rows: 0.0
 
-    async def __call__(self, key: Hashable, parts: list[Tensors]) -> tuple[Tensors, float]:
+    async def __call__(self, key: Hashable, parts: list[Tensors]) -> Ran:
         batch = concat_rows(parts)
         started = now()
         self.calls.append(Call(key, batch["x"].copy(), started))
         await self.gate.wait()
         await asyncio.sleep(self.cost(int(batch["x"].shape[0])))
-        return self.respond(key, batch), now() - started
+        return Ran(self.respond(key, batch), now() - started)
 
     def batches(self) -> list[list[int]]:
         return [[int(v) for v in c.x[:, 0]] for c in self.calls]
