@@ -27,6 +27,13 @@ class Settings:
     """Name clients put in model_spec.name (the one-model shorthand)."""
     model_config_file: str | None
     """TF Serving's ModelServerConfig text file: several models, version policies and labels."""
+    model_repository: str | None
+    """Triton's way: a folder whose every subfolder is a model (in TF Serving's version layout)."""
+    model_control_mode: str
+    """none: every model of --model-repository at start, no load/unload calls; explicit: only
+    --load-model's and what load calls ask for."""
+    load_models: tuple[str, ...]
+    """Models of --model-repository served from the start in explicit mode."""
     file_system_poll_wait_seconds: float
     """How often version folders are re-read for new and removed versions; 0 reads them once."""
     model_config_file_poll_wait_seconds: float
@@ -191,6 +198,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-config-file", default=None,
                    help="several models: a TensorFlow Serving ModelServerConfig text file (names, base paths, "
                         "version policies, labels); replaces --model-base-path/--model-name")
+    p.add_argument("--model-repository", default=None, metavar="DIR",
+                   help="several models, Triton's way: every subfolder of DIR is a model named after it, its "
+                        "versions in TF Serving's layout (DIR/NAME/1/saved_model.pb); replaces --model-base-path")
+    p.add_argument("--model-control-mode", choices=("none", "explicit"), default="none",
+                   help="with --model-repository: none (default) serves every model there from the start and "
+                        "refuses load/unload calls; explicit serves --load-model's and what load calls ask for")
+    p.add_argument("--load-model", dest="load_models", action="append", default=None, metavar="NAME",
+                   help="in explicit mode, a model of --model-repository to serve from the start (repeatable; "
+                        "'*' for all)")
     p.add_argument("--file-system-poll-wait-seconds", type=_non_negative_float, default=1.0,
                    help="re-read version folders this often to load new versions and unload removed ones "
                         "(default 1; 0 = read once)")
@@ -332,7 +348,17 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         parser.error(problem)
     if ns.model_config_file is not None and (ns.model_base_path is not None or ns.model_name is not None):
         parser.error("--model-config-file replaces --model-base-path and --model-name; give one or the other")
-    if ns.model_config_file is not None:
+    if ns.model_repository is not None and (ns.model_config_file is not None or ns.model_base_path is not None
+                                            or ns.model_name is not None):
+        parser.error("--model-repository replaces --model-config-file, --model-base-path and --model-name; "
+                     "give one of them")
+    if ns.model_control_mode == "explicit" and ns.model_repository is None:
+        parser.error("--model-control-mode explicit loads models of --model-repository; give it too")
+    ns.load_models = tuple(ns.load_models or ())
+    if ns.load_models and ns.model_control_mode != "explicit":
+        parser.error("--load-model picks the models explicit mode starts with; give --model-control-mode explicit "
+                     "(in mode none every model of the repository is served)")
+    if ns.model_config_file is not None or ns.model_repository is not None:
         ns.model_name = ""
     elif ns.model_name is None:
         ns.model_name = (

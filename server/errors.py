@@ -64,3 +64,8 @@ class Unauthenticated(ServingError):
 class ReloadIncomplete(ServingError):
     """A model config was applied but some of its models did not become available (UNKNOWN, as
     TF Serving answers HandleReloadConfigRequest then)."""
+
+
+class FailedPrecondition(ServingError):
+    """The server is not set up for the call (model control off), or what it names cannot be
+    served as it is (a repository folder that holds no loadable version)."""

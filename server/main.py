@@ -42,6 +42,7 @@ from server.config import Settings, parse_settings
 from server.core import batching_policy, model_config
 from server.core.lifecycle import Lifecycle, check_base_paths
 from server.core.model_process import ModelProcess
+from server.core.repository import Repository, repository_sources
 from server.core.servables import Registry
 
 log = logging.getLogger("server")
@@ -124,9 +125,11 @@ async def serve(settings: Settings) -> int:
     def ready() -> bool:
         return not registry.starting and not stop.is_set()
 
-    v2_servicer = v2.V2Servicer(registry, settings.max_message_bytes, ready)
+    lifecycle: Lifecycle | None = None
+    repository = Repository(registry, lambda: lifecycle, settings.model_repository, settings.model_control_mode)
+    v2_servicer = v2.V2Servicer(registry, settings.max_message_bytes, ready, repository, lambda: control)
     tfs_rest = rest_tfs.TfsRest(registry, settings.max_message_bytes, decoder)
-    v2_rest = rest_v2.V2Rest(registry, settings.max_message_bytes, ready, decoder)
+    v2_rest = rest_v2.V2Rest(registry, settings.max_message_bytes, ready, decoder, repository, lambda: control)
     front_ends = (servicer, v2_servicer, tfs_rest, v2_rest)
     server = grpc.aio.server(options=_grpc_options(settings))
     tfs.add_to_server(servicer, server, limit)
@@ -158,7 +161,6 @@ async def serve(settings: Settings) -> int:
             stop_requested_at.append(time.monotonic())
         stop.set()
 
-    lifecycle: Lifecycle | None = None
     tasks: list[asyncio.Task[None]] = []
 
     def count_traces(servable_id: int, traces: dict[str, int]) -> None:
@@ -217,11 +219,13 @@ async def serve(settings: Settings) -> int:
         assert started.demo_base_path is not None
         sources = model_config.shorthand(started.demo_base_path, settings.model_name)
     if not settings.model_roots:
-        control = control.with_roots(default_roots(sources))
+        control = control.with_roots(default_roots(sources) if settings.model_repository is None
+                                     else (settings.model_repository,))
     if settings.enable_model_management:
         log.info("model management is on: tokens=%d mutual_tls=%s model_roots=%s", len(tokens),
                  settings.tls_client_ca_file is not None, ",".join(control.roots))
-    lifecycle = Lifecycle(settings, worker, registry, len(started.devices), batching, on_change=models_changed)
+    lifecycle = Lifecycle(settings, worker, registry, len(started.devices), batching, on_change=models_changed,
+                          may_serve_none=settings.model_repository is not None)
     tasks.append(loop.create_task(lifecycle.poll_versions(), name="poll-versions"))
     problems = await lifecycle.apply(sources)
     if problems:
@@ -269,7 +273,9 @@ def _grpc_address(host: str, port: int) -> str:
 def _configured_sources(settings: Settings) -> list[model_config.ModelSource] | None:
     """The start-up models (None: the demo model, whose folder the worker builds). A bad config
     file or a missing base path stops the start with exit code 2, naming it."""
-    if settings.model_config_file is not None:
+    if settings.model_repository is not None:
+        sources = repository_sources(settings.model_repository, settings.model_control_mode, settings.load_models)
+    elif settings.model_config_file is not None:
         sources = model_config.read_config_file(settings.model_config_file)
     elif settings.model_base_path is not None:
         sources = model_config.shorthand(settings.model_base_path, settings.model_name)

@@ -24,6 +24,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from server.core.model_config import ModelSource
 from server.errors import InvalidInput, PermissionDenied, Unauthenticated
@@ -142,4 +143,14 @@ def grpc_credentials(metadata: Iterable[tuple[str, str | bytes]] | None,
     if auth_context:
         names = auth_context.get("x509_common_name") or auth_context.get("x509_subject") or []
         subject = ", ".join(n.decode(errors="replace") for n in names) or None
+    return authorization, subject
+
+
+def rest_credentials(authorization: str | None, peercert: Mapping[str, Any] | None) -> tuple[str | None, str | None]:
+    """(authorization header, client certificate subject) of an HTTPS request; `peercert` is
+    ssl's getpeercert() of a verified client certificate (mutual TLS), else None."""
+    subject = None
+    if peercert:
+        names = [value for rdn in peercert.get("subject", ()) for key, value in rdn if key == "commonName"]
+        subject = ", ".join(names) or None
     return authorization, subject

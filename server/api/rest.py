@@ -118,7 +118,9 @@ def route_of(method: str, path: str) -> tuple[str, str]:
             return "tfserving-rest", verb[:1].upper() + verb[1:] if verb in ("predict", "classify", "regress") else ""
         return "tfserving-rest", "GetModelMetadata" if path.endswith("/metadata") else "GetModelStatus"
     if path.startswith("/v2"):
-        for suffix, name in (("/infer", "ModelInfer"), ("/ready", "ModelReady"), ("/live", "ServerLive")):
+        for suffix, name in (("/infer", "ModelInfer"), ("/ready", "ModelReady"), ("/live", "ServerLive"),
+                             ("/config", "ModelConfig"), ("/stats", "ModelStatistics"), ("/index", "RepositoryIndex"),
+                             ("/load", "RepositoryModelLoad"), ("/unload", "RepositoryModelUnload")):
             if path.endswith(suffix):
                 return "v2-rest", "ServerReady" if path == "/v2/health/ready" else name
         return "v2-rest", "ModelMetadata" if path.startswith("/v2/models/") else "ServerMetadata"

@@ -5,6 +5,10 @@
     GET  /v2/models/NAME[/versions/V]                 model metadata
     GET  /v2/models/NAME[/versions/V]/ready           200 when ready, 400 when not
     POST /v2/models/NAME[/versions/V]/infer           JSON tensors, or Triton's binary extension
+    GET  /v2/models/NAME[/versions/V]/config          Triton's model configuration
+    GET  /v2/models[/NAME[/versions/V]]/stats         Triton's statistics
+    POST /v2/repository/index                         Triton's model repository: what there is
+    POST /v2/repository/models/NAME/load|unload       ... and changing what is served (guarded)
 
 Like its gRPC twin (server.api.v2) it only translates, through the same Predictor. A deadline comes
 from the Grpc-Timeout header or from Triton's `timeout` parameter (microseconds), whichever ends first.
@@ -13,32 +17,40 @@ from the Grpc-Timeout header or from Triton's `timeout` parameter (microseconds)
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
-from server.api import request_timing, rest, v2_json, v2_model
+from server.api import json_codec, request_timing, rest, triton_model, v2_json, v2_model
 from server.api.admission import Call
+from server.api.control import ControlPlane, rest_credentials
 from server.api.recording import Recorder
 from server.api.rest_body import BodyDecoder, read_body
 from server.core.inference import infer
+from server.core.repository import Repository
 from server.core.servables import Registry, Servable
+from server.errors import InvalidInput
 
 PROTOCOL = "v2-rest"
-EXTENSIONS = ["binary_tensor_data"]
+CONTROL_BODY_BYTES = 1 << 20
+"""Largest body of an index, load or unload call: a model configuration, not tensors."""
 
 
 class V2Rest(rest.RestFrontEnd):
     def __init__(self, registry: Registry, max_body_bytes: int, ready: Callable[[], bool],
-                 decoder: BodyDecoder) -> None:
-        """`ready`: whether the server as a whole is ready, as health says."""
+                 decoder: BodyDecoder, repository: Repository, control: Callable[[], ControlPlane]) -> None:
+        """`ready`: whether the server as a whole is ready, as health says; `control`: who may
+        load and unload models."""
         super().__init__(Recorder(registry, PROTOCOL))
         self._registry = registry
+        self._repository = repository
+        self._control = control
         self._max_body_bytes = max_body_bytes
         self._decoder = decoder
         self._ready = ready
         self._metadata = {"name": v2_model.SERVER_NAME, "version": v2_model.server_version(),
-                          "extensions": EXTENSIONS}
+                          "extensions": triton_model.EXTENSIONS}
 
     def routes(self) -> list[web.RouteDef]:
         model = "/v2/models/{name}"
@@ -47,11 +59,17 @@ class V2Rest(rest.RestFrontEnd):
             web.get("/v2", self.server_metadata),
             web.get("/v2/health/live", self.live),
             web.get("/v2/health/ready", self.server_ready),
+            web.get("/v2/models/stats", self.model_statistics),  # before the model named "stats"
             *(route for base in (model, version) for route in (
                 web.get(base, self.model_metadata),
                 web.get(base + "/ready", self.model_ready),
                 web.post(base + "/infer", self.infer),
+                web.get(base + "/config", self.model_config),
+                web.get(base + "/stats", self.model_statistics),
             )),
+            web.post("/v2/repository/index", self.repository_index),
+            web.post("/v2/repository/models/{name}/load", self.repository_model_load),
+            web.post("/v2/repository/models/{name}/unload", self.repository_model_unload),
         ]
 
     async def server_metadata(self, request: web.Request) -> web.StreamResponse:
@@ -100,3 +118,71 @@ class V2Rest(rest.RestFrontEnd):
             return web.Response(body=encoded, content_type="application/json", headers=timing)
         return web.Response(body=encoded, content_type="application/octet-stream",
                             headers={v2_json.HEADER_LENGTH: str(header_length), **timing})
+
+    @rest.rest_call("ModelConfig")
+    async def model_config(self, request: web.Request, call: Call) -> web.StreamResponse:
+        call.servable = servable = self._resolve(request, call)
+        return rest.json_response(triton_model.config(self._registry, servable))
+
+    @rest.rest_call("ModelStatistics")
+    async def model_statistics(self, request: web.Request, call: Call) -> web.StreamResponse:
+        call.name = request.match_info.get("name", "")
+        return rest.json_response(triton_model.statistics(self._registry, call.name,
+                                                          request.match_info.get("version", "")))
+
+    @rest.rest_call("RepositoryIndex")
+    async def repository_index(self, request: web.Request, call: Call) -> web.StreamResponse:
+        body = await self._json_body(request)
+        ready = body.get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidInput("'ready' must be true or false")
+        return rest.json_response(triton_model.index(self._repository, ready))
+
+    @rest.rest_call("RepositoryModelLoad")
+    async def repository_model_load(self, request: web.Request, call: Call) -> web.StreamResponse:
+        async def load(parameters: dict[str, Any]) -> None:
+            await self._repository.load(triton_model.load_source(self._repository, call.name, parameters))
+
+        return await self._change(request, call, load)
+
+    @rest.rest_call("RepositoryModelUnload")
+    async def repository_model_unload(self, request: web.Request, call: Call) -> web.StreamResponse:
+        async def unload(parameters: dict[str, Any]) -> None:
+            unknown = sorted(set(parameters) - {triton_model.UNLOAD_DEPENDENTS})
+            if unknown:
+                raise InvalidInput(f"unknown unload parameter '{unknown[0][:80]}'; an unload takes "
+                                   f"'{triton_model.UNLOAD_DEPENDENTS}' only")
+            await self._repository.unload(call.name)
+
+        return await self._change(request, call, unload)
+
+    async def _change(self, request: web.Request, call: Call,
+                      work: Callable[[dict[str, Any]], Awaitable[None]]) -> web.StreamResponse:
+        """A call that changes the served models: authorized before its body is read
+        (server.api.control), logged with its outcome."""
+        control = self._control()
+        peer = request.remote or ""
+        caller = control.authorize(call.method, peer, *rest_credentials(
+            request.headers.get("Authorization"), request.transport.get_extra_info("peercert")
+            if request.transport is not None else None))
+        call.name = request.match_info["name"]
+        try:
+            parameters = (await self._json_body(request)).get("parameters", {})
+            if not isinstance(parameters, dict):
+                raise InvalidInput("'parameters' must be a JSON object")
+            await work(parameters)
+        except Exception as exc:
+            control.done(caller, call.method, f"failed: {exc}")
+            raise
+        control.done(caller, call.method, f"OK: model {call.name}")
+        return rest.json_response({})
+
+    async def _json_body(self, request: web.Request) -> dict[str, Any]:
+        """A small JSON object body; empty is {}."""
+        raw = await read_body(request, min(self._max_body_bytes, CONTROL_BODY_BYTES))
+        if not raw.strip():
+            return {}
+        body = json_codec.loads(raw)
+        if not isinstance(body, dict):
+            raise InvalidInput("the body must be a JSON object")
+        return body

@@ -14,6 +14,7 @@ from google.protobuf.message import DecodeError
 from server.errors import (
     ClientGone,
     DeadlineExceeded,
+    FailedPrecondition,
     InvalidInput,
     ModelFailure,
     NotFound,
@@ -46,6 +47,7 @@ STATUS_FOR: dict[type[ServingError], grpc.StatusCode] = {
     PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     ReloadIncomplete: grpc.StatusCode.UNKNOWN,
+    FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 _CODE = grpc.StatusCode

@@ -9,18 +9,20 @@ parameter `signature_name`. Versions are the protocol's strings: empty for the h
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 from google.protobuf import json_format
 
 from protos.inference import grpc_service_pb2 as pb
-from server.api import request_timing, v2_codec, v2_model
+from server.api import request_timing, triton_model, v2_codec, v2_model
 from server.api.admission import Admission, Call, ConcurrencyLimit, add_limited_handlers, deadline_of, grpc_call
+from server.api.control import ControlPlane, grpc_credentials
 from server.api.recording import Recorder
 from server.api.status import parse
 from server.core.inference import infer
+from server.core.repository import Repository
 from server.core.servables import Registry
 from server.errors import InvalidInput
 
@@ -28,14 +30,18 @@ PROTOCOL = "v2"
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 
 class V2Servicer(Admission):
-    def __init__(self, registry: Registry, max_tensor_bytes: int, ready: Callable[[], bool]) -> None:
+    def __init__(self, registry: Registry, max_tensor_bytes: int, ready: Callable[[], bool],
+                 repository: Repository, control: Callable[[], ControlPlane]) -> None:
         """`ready` says whether the server as a whole is ready (every start-up model serves and
-        no drain has begun), as health does."""
+        no drain has begun), as health does; `control` who may load and unload models."""
         super().__init__(Recorder(registry, PROTOCOL))
         self._registry = registry
         self._max_tensor_bytes = max_tensor_bytes
         self._ready = ready
-        self._metadata = pb.ServerMetadataResponse(name=v2_model.SERVER_NAME, version=v2_model.server_version())
+        self._repository = repository
+        self._control = control
+        self._metadata = pb.ServerMetadataResponse(name=v2_model.SERVER_NAME, version=v2_model.server_version(),
+                                                   extensions=triton_model.EXTENSIONS[1:])
 
     async def server_live(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         return pb.ServerLiveResponse(live=True)
@@ -81,6 +87,68 @@ class V2Servicer(Admission):
         context.set_trailing_metadata(request_timing.trailers(call.answered()))
         return response
 
+    @grpc_call("ModelConfig")
+    async def model_config(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
+        request = parse(pb.ModelConfigRequest, raw)
+        call.name = request.name
+        call.servable = servable = self._registry.resolve(request.name, v2_model.parse_version(request.version,
+                                                                                               "version"))
+        response = pb.ModelConfigResponse()
+        json_format.ParseDict(triton_model.config(self._registry, servable), response.config)
+        return response
+
+    @grpc_call("ModelStatistics")
+    async def model_statistics(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
+        request = parse(pb.ModelStatisticsRequest, raw)
+        call.name = request.name
+        return json_format.ParseDict(triton_model.statistics(self._registry, request.name, request.version),
+                                     pb.ModelStatisticsResponse())
+
+    @grpc_call("RepositoryIndex")
+    async def repository_index(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
+        request = parse(pb.RepositoryIndexRequest, raw)
+        _no_repository_name(request.repository_name)
+        return json_format.ParseDict({"models": triton_model.index(self._repository, request.ready)},
+                                     pb.RepositoryIndexResponse())
+
+    @grpc_call("RepositoryModelLoad")
+    async def repository_model_load(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
+        async def load(request: Any) -> None:
+            parameters = {k: _parameter_value(v) for k, v in request.parameters.items()}
+            await self._repository.load(triton_model.load_source(self._repository, request.model_name, parameters))
+
+        await self._change(pb.RepositoryModelLoadRequest, raw, context, call, load)
+        return pb.RepositoryModelLoadResponse()
+
+    @grpc_call("RepositoryModelUnload")
+    async def repository_model_unload(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
+        async def unload(request: Any) -> None:
+            unknown = sorted(set(request.parameters) - {triton_model.UNLOAD_DEPENDENTS})
+            if unknown:
+                raise InvalidInput(f"unknown unload parameter '{unknown[0][:80]}'; an unload takes "
+                                   f"'{triton_model.UNLOAD_DEPENDENTS}' only")
+            await self._repository.unload(request.model_name)
+
+        await self._change(pb.RepositoryModelUnloadRequest, raw, context, call, unload)
+        return pb.RepositoryModelUnloadResponse()
+
+    async def _change(self, message: Any, raw: bytes, context: grpc.aio.ServicerContext, call: Call,
+                      work: Callable[[Any], Awaitable[None]]) -> None:
+        """A call that changes the served models: authorized first (server.api.control), logged
+        with its outcome."""
+        control = self._control()
+        caller = control.authorize(call.method, context.peer(), *grpc_credentials(
+            context.invocation_metadata(), context.auth_context()))
+        try:
+            request = parse(message, raw)
+            call.name = request.model_name
+            _no_repository_name(request.repository_name)
+            await work(request)
+        except Exception as exc:
+            control.done(caller, call.method, f"failed: {exc}")
+            raise
+        control.done(caller, call.method, f"OK: model {call.name}")
+
     def _inputs(self, request: Any) -> dict[str, Any]:
         raws = request.raw_input_contents
         if raws and len(raws) != len(request.inputs):
@@ -103,6 +171,16 @@ class V2Servicer(Admission):
         return inputs
 
 
+def _no_repository_name(name: str) -> None:
+    if name:
+        raise InvalidInput(f"repository_name '{name[:80]}': this server has one model repository; leave it empty")
+
+
+def _parameter_value(parameter: Any) -> Any:
+    choice = parameter.WhichOneof("parameter_choice")
+    return None if choice is None else getattr(parameter, choice)
+
+
 def _signature_name(parameters: Any) -> str:
     if v2_model.SIGNATURE_PARAMETER not in parameters:
         return ""
@@ -122,5 +200,10 @@ def add_to_server(servicer: V2Servicer, server: grpc.aio.Server, limit: Concurre
         "ServerMetadata": (servicer.server_metadata, pb.ServerMetadataResponse),
         "ModelMetadata": (servicer.model_metadata, pb.ModelMetadataResponse),
         "ModelInfer": (servicer.model_infer, pb.ModelInferResponse),
+        "ModelConfig": (servicer.model_config, pb.ModelConfigResponse),
+        "ModelStatistics": (servicer.model_statistics, pb.ModelStatisticsResponse),
+        "RepositoryIndex": (servicer.repository_index, pb.RepositoryIndexResponse),
+        "RepositoryModelLoad": (servicer.repository_model_load, pb.RepositoryModelLoadResponse),
+        "RepositoryModelUnload": (servicer.repository_model_unload, pb.RepositoryModelUnloadResponse),
     }, servicer.recorder, limit)
 

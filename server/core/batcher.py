@@ -231,6 +231,11 @@ class Batcher:
         share is measured from the earlier one, over a whole batch cycle and the present one."""
         self._task: asyncio.Task[None] | None = None
 
+    def wait_bound_s(self) -> float:
+        """The longest a batch's oldest row waits for more now: the fixed timeout, or the auto
+        rule's present bound."""
+        return self._timeout_s if self._timeout_s is not None else self._auto_bound()
+
     @property
     def queued_rows(self) -> int:
         """Rows waiting for a batch."""

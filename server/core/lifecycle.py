@@ -104,7 +104,9 @@ class Worker(Protocol):
 
 class Lifecycle:
     def __init__(self, settings: Settings, worker: Worker, registry: Registry, devices: int,
-                 batching: BatchingPolicy, *, on_change: Callable[[], None] = lambda: None) -> None:
+                 batching: BatchingPolicy, *, on_change: Callable[[], None] = lambda: None,
+                 may_serve_none: bool = False) -> None:
+        """`may_serve_none`: ready with no model configured (a repository in explicit mode)."""
         self._settings = settings
         self._batching = batching
         self._worker = worker
@@ -116,6 +118,7 @@ class Lifecycle:
         self._removed: list[Model] = []
         self._missing_logged: set[str] = set()
         self.configured: list[str] = []
+        self._may_serve_none = may_serve_none
 
     # ---- config ------------------------------------------------------------------------------
 
@@ -268,6 +271,7 @@ class Lifecycle:
         info = loaded.info
         await self._warm_batch_path(servable.id, info, policy.max_inflight_batches)
         servable.signature_defs = loaded.signature_defs
+        servable.batching = policy
         servable.predictor = Predictor(info, self._batcher_for(servable, policy))
         self._by_id[servable.id] = servable
         servable.state = State.AVAILABLE
@@ -359,12 +363,17 @@ class Lifecycle:
 
     # ---- queries -----------------------------------------------------------------------------
 
+    def sources(self) -> list[ModelSource]:
+        """The models configured now, in order."""
+        models = self._registry.models
+        return [models[n].source for n in self.configured if n in models]
+
     def servable(self, servable_id: int) -> Servable | None:
         return self._by_id.get(servable_id)
 
     def every_model_available(self) -> bool:
         models = self._registry.models
-        return self._worker.alive and bool(self.configured) and all(
+        return self._worker.alive and (bool(self.configured) or self._may_serve_none) and all(
             models[n].default is not None for n in self.configured if n in models)
 
     async def drain(self) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from server.core.batching_policy import BatchingPolicy
 from server.core.model_config import ModelSource
 from server.core.prediction import Predictor
 from server.core.signatures import SignatureDefinition
@@ -52,6 +53,8 @@ class Servable:
     signature_defs: Mapping[str, SignatureDefinition] = field(default_factory=dict)
     cache: dict[Hashable, Any] = field(default_factory=dict)
     """Values the front-ends build once per version (response protos, metric children)."""
+    batching: BatchingPolicy | None = None
+    """How its requests are batched (the server's policy with the model's own fields over it)."""
     statistics: VersionStatistics = field(default_factory=VersionStatistics)
     """Its figures since this load (Triton's ModelStatistics)."""
 
