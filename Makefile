@@ -12,6 +12,11 @@ OFFICIAL_STAMP := $(OFFICIAL)/.installed
 # Its own needs (grpcio, numpy, protobuf, packaging, urllib3) are already in .venv.
 TRITON := $(VENV)/tritonclient
 TRITON_STAMP := $(TRITON)/.installed
+# Triton's C++ load generator, perf_analyzer: shipped only in the tritonclient 2.40.0 wheel. It links
+# libcudart.so.12 (from NVIDIA's runtime wheel, on LD_LIBRARY_PATH for that binary alone; no GPU
+# needed) and Debian's libb64.
+PERF := $(VENV)/perf_analyzer
+PERF_STAMP := $(PERF)/.installed
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -31,6 +36,15 @@ $(TRITON_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet --no-deps --target $(TRITON) tritonclient==2.73.0 python-rapidjson==1.25
 	touch $@
 
+$(PERF_STAMP): $(STAMP)
+	@ldconfig -p 2>/dev/null | grep -q libb64.so.0d || { echo "installing Debian's libb64-0d"; \
+	  $(SUDO) apt-get install -y -qq libb64-0d >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq libb64-0d >/dev/null; }; }
+	$(PY) -m pip install --quiet --no-deps --target $(PERF) tritonclient==2.40.0 nvidia-cuda-runtime-cu12==12.1.105
+	printf '#!/bin/sh\nhere=$$(dirname "$$(readlink -f "$$0")")\nLD_LIBRARY_PATH="$$here/nvidia/cuda_runtime/lib" exec "$$here/bin/perf_analyzer" "$$@"\n' > $(PERF)/perf_analyzer
+	chmod +x $(PERF)/perf_analyzer
+	touch $@
+
 serve: $(STAMP)
 	$(PY) -m server $(ARGS)
 
@@ -40,15 +54,16 @@ prometheus:
 	  echo "installing Debian's prometheus package"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 
-test: $(STAMP) $(OFFICIAL_STAMP) $(TRITON_STAMP) prometheus
+test: $(STAMP) $(OFFICIAL_STAMP) $(TRITON_STAMP) $(PERF_STAMP) prometheus
 	$(PY) -m protos.build --check
 	$(PY) -m ruff check .
 	$(PY) -m mypy server client bench protos/build.py
-	OFFICIAL_CLIENT_PATH=$(abspath $(OFFICIAL)) TRITON_CLIENT_PATH=$(abspath $(TRITON)) $(PY) -m pytest -q $(PYTEST_ARGS)
+	OFFICIAL_CLIENT_PATH=$(abspath $(OFFICIAL)) TRITON_CLIENT_PATH=$(abspath $(TRITON)) \
+	  PERF_ANALYZER=$(abspath $(PERF))/perf_analyzer $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # The performance tables and goals (build/bench/results.md): about 30 minutes; run it on a quiet machine.
-bench: $(STAMP)
-	$(PY) -m bench.suite $(BENCH_ARGS)
+bench: $(STAMP) $(PERF_STAMP)
+	PERF_ANALYZER=$(abspath $(PERF))/perf_analyzer $(PY) -m bench.suite $(BENCH_ARGS)
 
 # Full-length load tests: the same tests `make test` runs short.
 soak: $(STAMP)
