@@ -1,4 +1,6 @@
-"""The wire ceiling: a grpc.aio server answering every Predict with one precomputed response.
+"""The wire ceiling: a grpc.aio server answering every Predict with one precomputed response (and
+GetModelMetadata with the model's, written beside it by bench.inprocess, for clients that read it
+first).
 
 It does what any Python gRPC server must (accept the call, hand it to the event loop, send a
 response) and nothing else: no parsing, no model. Nothing a real server does can be faster.
@@ -17,16 +19,21 @@ from typing import Any
 
 import grpc
 
+from bench.metadata import metadata_file
 from server import event_loop
 
 
-async def serve(port_file: Path, response: bytes) -> None:
+async def serve(port_file: Path, response: bytes, metadata: bytes) -> None:
     async def predict(request: bytes, context: Any) -> bytes:
         return response
 
+    async def get_model_metadata(request: bytes, context: Any) -> bytes:
+        return metadata
+
     server = grpc.aio.server()
-    handler = grpc.method_handlers_generic_handler(
-        "tensorflow.serving.PredictionService", {"Predict": grpc.unary_unary_rpc_method_handler(predict)})
+    handler = grpc.method_handlers_generic_handler("tensorflow.serving.PredictionService", {
+        "Predict": grpc.unary_unary_rpc_method_handler(predict),
+        "GetModelMetadata": grpc.unary_unary_rpc_method_handler(get_model_metadata)})
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -39,4 +46,6 @@ async def serve(port_file: Path, response: bytes) -> None:
 
 if __name__ == "__main__":
     loop = sys.argv[3] if len(sys.argv) > 3 else event_loop.NAMES[0]  # the server's default
-    event_loop.run(serve(Path(sys.argv[1]), Path(sys.argv[2]).read_bytes()), loop)
+    response_file = Path(sys.argv[2])
+    event_loop.run(serve(Path(sys.argv[1]), response_file.read_bytes(), metadata_file(response_file).read_bytes()),
+                   loop)

@@ -5,7 +5,8 @@ Prints one JSON object: {"rows_per_s": {BATCH: rows/s, ...}, "cpu_us_per_row": {
 "one_row_ms": M}, where the CPU is the whole process's (every TensorFlow thread) over the calls at
 that batch size, and M is the median wall time of single 1-row calls, each timed on its own
 (outputs converted to numpy, as a server must). Also writes the PredictResponse a server would
-send for INPUT.npy, for the fixed-response server to replay.
+send for INPUT.npy, for the fixed-response server to replay, and the GetModelMetadataResponse
+beside it (bench.metadata).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from bench.metadata import metadata_file, metadata_response
 from protos.tensorflow_serving import predict_pb2
 from server.codec import to_tensor_proto
 
@@ -39,6 +41,7 @@ def main() -> None:
     response.model_spec.version.value = 1
     response.model_spec.signature_name = "serving_default"
     response_out.write_bytes(response.SerializeToString())
+    metadata_file(response_out).write_bytes(metadata_response(base / "1", base.name, 1))
 
     rows_per_s, cpu_us_per_row = {}, {}
     for batch in batches:

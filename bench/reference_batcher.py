@@ -31,6 +31,7 @@ import grpc
 import numpy as np
 import tensorflow as tf
 
+from bench.metadata import metadata_response
 from protos.tensorflow_serving import predict_pb2
 from server import event_loop
 from server.codec import to_ndarray, to_tensor_proto
@@ -49,6 +50,7 @@ class Batcher:
         version = max((p for p in model_base.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
         self.name, self.version = model_base.name, int(version.name)
         self.signature = tf.saved_model.load(str(version)).signatures["serving_default"]
+        self.metadata = metadata_response(version, self.name, self.version)
         (self.input_name,) = self.signature.structured_input_signature[1]
         self.max_rows, self.wait_s = max_rows, wait_s
         self.queue: asyncio.Queue[Pending] = asyncio.Queue()
@@ -61,6 +63,10 @@ class Batcher:
 
     def run_model(self, batch: np.ndarray) -> dict[str, np.ndarray]:
         return {name: value.numpy() for name, value in self.signature(**{self.input_name: batch}).items()}
+
+    async def get_model_metadata(self, request_bytes: bytes, context: Any) -> bytes:
+        """The model's metadata, for clients that read it first (perf_analyzer's tfserving kind)."""
+        return self.metadata
 
     async def predict(self, request_bytes: bytes, context: Any) -> bytes:
         request = predict_pb2.PredictRequest.FromString(request_bytes)
@@ -124,8 +130,9 @@ async def serve(port_file: Path, model_base: Path, max_rows: int, wait_ms: float
     batcher = Batcher(model_base, max_rows, wait_ms / 1000)
     batcher.warm_up()
     server = grpc.aio.server()
-    handler = grpc.method_handlers_generic_handler(
-        "tensorflow.serving.PredictionService", {"Predict": grpc.unary_unary_rpc_method_handler(batcher.predict)})
+    handler = grpc.method_handlers_generic_handler("tensorflow.serving.PredictionService", {
+        "Predict": grpc.unary_unary_rpc_method_handler(batcher.predict),
+        "GetModelMetadata": grpc.unary_unary_rpc_method_handler(batcher.get_model_metadata)})
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()

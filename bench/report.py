@@ -9,6 +9,7 @@ import os
 import time
 
 from bench.judge import GOAL_CPU, GOAL_CPU_MODEL, GOAL_LEVEL, Goal, ms
+from bench.perf import SERVER_COLUMNS, TRITON
 from bench.results import PROTOCOLS, SERVERS, SWEPT, ModelResults, Run, SweepSide
 
 
@@ -113,6 +114,29 @@ def closed_loop_section(r: ModelResults) -> list[str]:
     return lines
 
 
+def perf_section(r: ModelResults, levels: list[int]) -> list[str]:
+    """perf_analyzer's table (bench.perf): req/s and p50 per server and concurrency, and this
+    server's own split of a request's time as its statistics report it."""
+    if not r.perf:
+        return []
+    labels = [*SERVERS, TRITON]
+    names = {**SERVERS, TRITON: "default (Triton kind, gRPC)"}
+    lines = ["", "perf_analyzer (Triton's C++ client; the same servers, models and concurrencies; TF Serving's "
+             "Predict unless said; the average of its last three windows): req/s, and p50 ms in brackets:", ""]
+    lines += table(["clients", *(names[label] for label in labels), "default / fixed", "default / reference"],
+                   [[str(level), *(f"{r.perf[label][i].req_per_s:,.0f} ({r.perf[label][i].p50_ms:.2f})"
+                                   for label in labels),
+                     ratio(r.perf["default"][i].req_per_s, r.perf["fixed"][i].req_per_s),
+                     ratio(r.perf["default"][i].req_per_s, r.perf["reference"][i].req_per_s)]
+                    for i, level in enumerate(levels)])
+    split = [(level, run.server_us) for level, run in zip(levels, r.perf[TRITON], strict=True) if run.server_us]
+    if split:
+        lines += ["", "This server's split of a request, µs (perf_analyzer's Triton kind, from ModelStatistics):", ""]
+        lines += table(["clients", "queue", "compute input", "compute infer", "compute output"],
+                       [[str(level), *(f"{us[key]:,.0f}" for key in SERVER_COLUMNS)] for level, us in split])
+    return lines
+
+
 def protocol_section(r: ModelResults, label: str) -> list[str]:
     """The default server over another front-end (v2 or REST) against its Predict, in the same turns."""
     name = PROTOCOLS[label]
@@ -190,5 +214,6 @@ def report(results: dict[str, ModelResults], found: list[Goal], opts: argparse.N
         for label in PROTOCOLS:
             if label in r.closed:
                 lines += protocol_section(r, label)
+        lines += perf_section(r, [int(c) for c in opts.concurrency.split(",")])
         lines += [*sweep_section(r, opts.repeat), ""]
     return "\n".join(lines)

@@ -9,6 +9,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.perf import PerfRun
 from client.bench import BenchResult
 
 SERVERS = {"fixed": "fixed-response", "off": "batching off", "default": "default", "reference": "reference"}
@@ -133,6 +134,8 @@ class ModelResults:
     capacity_clients: int = 0
     capacity_req_per_s: float = 0.0
     sweep: list[SweepPoint] = field(default_factory=list)
+    perf: dict[str, list[PerfRun]] = field(default_factory=dict)
+    """perf_analyzer's figures by server (SERVERS, and bench.perf.TRITON), one per concurrency."""
 
     def to_json(self) -> dict[str, Any]:
         return {"inprocess": self.inprocess, "inprocess_runs": self.inprocess_runs,
@@ -140,4 +143,5 @@ class ModelResults:
                 "inprocess_1_row_ms": self.inprocess_1_row_ms, "inprocess_1_row_ms_runs": self.inprocess_1_row_ms_runs,
                 **{label: [r.to_json() for r in runs] for label, runs in self.closed.items()},
                 "capacity_clients": self.capacity_clients, "capacity_req_per_s": self.capacity_req_per_s,
-                "sweep": [p.to_json() for p in self.sweep]}
+                "sweep": [p.to_json() for p in self.sweep],
+                "perf_analyzer": {label: [r.to_json() for r in runs] for label, runs in self.perf.items()}}

@@ -18,8 +18,10 @@ from typing import Any
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench import perf
 from bench.judge import GOAL_LEVEL
 from bench.launch import ROOT, ServerProcess, poll_until, reap, spawn_server, wait_for_server
+from bench.perf import PerfRun
 from bench.results import PROTOCOLS, SERVERS, SWEPT, ModelResults, Run, SweepPoint, SweepSide, median_run
 
 SHAPES = {"mlp": ("x", (1, 256)), "cnn": ("image", (1, 96, 96, 3)), "dense": ("x", (1, 512)),
@@ -190,6 +192,7 @@ def run_model(model: str, opts: argparse.Namespace, out: Path, work: Path) -> Mo
                           f"p99 {run.p99_ms:.2f} ms {run.codes}", file=sys.stderr, flush=True)
             sweep.append(SweepPoint(fraction, rounds["default"][0].rate,
                                     {label: SweepSide.of(r) for label, r in rounds.items()}))
+        perf = perf_table(servers, model, levels, opts, work)
     finally:
         for each in servers.values():
             each.stop()
@@ -203,4 +206,25 @@ def run_model(model: str, opts: argparse.Namespace, out: Path, work: Path) -> Mo
                                   for b in before["cpu_us_per_row"]},
         inprocess_1_row_ms=min(before["one_row_ms"], after["one_row_ms"]),
         inprocess_1_row_ms_runs=[before["one_row_ms"], after["one_row_ms"]],
-        capacity_clients=capacity_clients, capacity_req_per_s=capacity, sweep=sweep)
+        capacity_clients=capacity_clients, capacity_req_per_s=capacity, sweep=sweep, perf=perf)
+
+
+def perf_table(servers: dict[str, Server], model: str, levels: list[int], opts: argparse.Namespace,
+               work: Path) -> dict[str, list[PerfRun]]:
+    """perf_analyzer against each server at each concurrency, in turns (bench.perf); {} when it is
+    not installed (`make bench` installs it)."""
+    path = perf.binary()
+    if path is None:
+        print("perf_analyzer is not installed: no perf_analyzer table (make bench installs it)", file=sys.stderr)
+        return {}
+    name, shape = SHAPES[model]
+    turns = [(label, label, "tfserving") for label in SERVERS] + [(perf.TRITON, "default", perf.TRITON)]
+    table: dict[str, list[PerfRun]] = {label: [] for label, _, _ in turns}
+    for level in levels:
+        for label, server, kind in turns:
+            target = servers[server].target.split(",")[0]
+            run = perf.perf_run(path, target, model, name, shape, level, opts.seconds, kind, work / "perf.csv")
+            table[label].append(run)
+            print(f"{model} perf_analyzer {label}: C={level} {run.req_per_s:,.0f} req/s p50 {run.p50_ms:.2f} ms",
+                  file=sys.stderr, flush=True)
+    return table

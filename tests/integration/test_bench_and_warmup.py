@@ -55,9 +55,17 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
     reach = goals["a"]["figures"]["mlp"]  # what this machine allowed any server, by the run's figures
     assert 0 < reach["reach_req_per_s"] <= mlp["fixed"][1]["req_per_s"] and reach["reach_ratio"] > 0
     assert "(reach " in goals["a"]["summary"]
+    # perf_analyzer beside our client: each server over TF Serving's Predict, ours over Triton's kind too
+    perf = mlp["perf_analyzer"]
+    assert set(perf) == {"fixed", "off", "default", "reference", "triton"}
+    assert all(len(runs) == 2 and all(r["req_per_s"] > 0 and r["p50_ms"] > 0 for r in runs) for runs in perf.values())
+    assert all(r["server_us"] is None for label in ("fixed", "reference") for r in perf[label])
+    assert all(set(r["server_us"]) == {"queue", "compute_input", "compute_infer", "compute_output"}
+               for r in perf["triton"])
     table = (tmp_path / "results.md").read_text()
     print(table)
     assert table.index("## Goals") < table.index("## mlp")
+    assert "perf_analyzer (Triton's C++ client" in table
     assert all(f"- {key}) " in table for key in "abcd") and "worst round" in table
     assert "default rows per batch" in table and "| 1 |" in table and "| 64 |" in table and "| 50% |" in table
     assert "default / fixed" in table and "default / reference" in table and "CPU per request" in table

@@ -1,0 +1,66 @@
+"""perf_analyzer, Triton's C++ load generator, as the bench's second client: the same servers,
+models and concurrencies as `python -m client bench`, seen by the tool Triton users measure with.
+
+Each server is driven through TF Serving's Predict (`--service-kind tfserving`, which reads
+GetModelMetadata first: the reference batcher and the fixed server answer it too); this server also
+through Triton's own kind over gRPC, whose figures include the server's split of a request's time
+(queue, compute input, infer, output) read from its ModelStatistics. perf_analyzer averages its
+last three windows of --seconds each; its client costs less CPU per request than the Python one,
+which matters on a machine the client shares with the servers (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.launch import ROOT
+
+TRITON = "triton"
+"""The label of this server driven with perf_analyzer's own (Triton) kind."""
+SERVER_COLUMNS = {"queue": "Server Queue", "compute_input": "Server Compute Input",
+                  "compute_infer": "Server Compute Infer", "compute_output": "Server Compute Output"}
+
+
+def binary() -> str | None:
+    """Where `make` installed perf_analyzer (PERF_ANALYZER, else .venv/perf_analyzer), or None."""
+    path = os.environ.get("PERF_ANALYZER") or str(ROOT / ".venv" / "perf_analyzer" / "perf_analyzer")
+    return path if Path(path).is_file() else None
+
+
+@dataclass(frozen=True)
+class PerfRun:
+    req_per_s: float
+    p50_ms: float
+    p99_ms: float
+    server_us: dict[str, float] | None = None
+    """The server's average split of a request (µs), from ModelStatistics: Triton kind only."""
+
+    def to_json(self) -> dict[str, object]:
+        return {"req_per_s": self.req_per_s, "p50_ms": self.p50_ms, "p99_ms": self.p99_ms,
+                "server_us": self.server_us}
+
+
+def perf_run(path: str, target: str, model: str, input_name: str, shape: tuple[int, ...], concurrency: int,
+             seconds: float, kind: str, csv_file: Path) -> PerfRun:
+    """One perf_analyzer run at a fixed concurrency; `kind` is "tfserving" or TRITON."""
+    if kind == TRITON:
+        args = ["-i", "grpc", "-b", "1", "--shape", f"{input_name}:{','.join(map(str, shape[1:]))}"]
+    else:
+        args = ["--service-kind", "tfserving", "-i", "grpc", "--shape", f"{input_name}:{','.join(map(str, shape))}"]
+    command = [path, "-m", model, "-u", target, *args, "--concurrency-range", str(concurrency),
+               "--measurement-interval", str(max(100, round(seconds * 1000))), "--stability-percentage", "100",
+               "--max-trials", "3", "-f", str(csv_file)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120 + 10 * seconds, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"perf_analyzer failed ({done.returncode}): {' '.join(command)}\n"
+                           f"{(done.stdout + done.stderr)[-3000:]}")
+    with csv_file.open() as file:
+        (row,) = list(csv.DictReader(file))
+    server = {key: float(row[column]) for key, column in SERVER_COLUMNS.items()} \
+        if SERVER_COLUMNS["queue"] in row else None
+    return PerfRun(float(row["Inferences/Second"]), float(row["p50 latency"]) / 1000,
+                   float(row["p99 latency"]) / 1000, server)
