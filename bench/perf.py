@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import csv
 import os
+import resource
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,12 +38,15 @@ class PerfRun:
     req_per_s: float
     p50_ms: float
     p99_ms: float
+    client_cpu_us: float
+    """perf_analyzer's CPU per request: its whole run's CPU over (req/s x its wall time), so its
+    start and unmeasured windows included (an estimate, a little high)."""
     server_us: dict[str, float] | None = None
     """The server's average split of a request (µs), from ModelStatistics: Triton kind only."""
 
     def to_json(self) -> dict[str, object]:
         return {"req_per_s": self.req_per_s, "p50_ms": self.p50_ms, "p99_ms": self.p99_ms,
-                "server_us": self.server_us}
+                "client_cpu_us": self.client_cpu_us, "server_us": self.server_us}
 
 
 def perf_run(path: str, target: str, model: str, input_name: str, shape: tuple[int, ...], concurrency: int,
@@ -54,7 +59,9 @@ def perf_run(path: str, target: str, model: str, input_name: str, shape: tuple[i
     command = [path, "-m", model, "-u", target, *args, "--concurrency-range", str(concurrency),
                "--measurement-interval", str(max(100, round(seconds * 1000))), "--stability-percentage", "100",
                "--max-trials", "3", "-f", str(csv_file)]
+    cpu_before, started = _children_cpu(), time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, timeout=120 + 10 * seconds, check=False)
+    cpu_s, wall_s = _children_cpu() - cpu_before, time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"perf_analyzer failed ({done.returncode}): {' '.join(command)}\n"
                            f"{(done.stdout + done.stderr)[-3000:]}")
@@ -62,5 +69,11 @@ def perf_run(path: str, target: str, model: str, input_name: str, shape: tuple[i
         (row,) = list(csv.DictReader(file))
     server = {key: float(row[column]) for key, column in SERVER_COLUMNS.items()} \
         if SERVER_COLUMNS["queue"] in row else None
-    return PerfRun(float(row["Inferences/Second"]), float(row["p50 latency"]) / 1000,
-                   float(row["p99 latency"]) / 1000, server)
+    req_per_s = float(row["Inferences/Second"])
+    return PerfRun(req_per_s, float(row["p50 latency"]) / 1000, float(row["p99 latency"]) / 1000,
+                   cpu_s * 1e6 / max(req_per_s * wall_s, 1.0), server)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime

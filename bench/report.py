@@ -129,6 +129,11 @@ def perf_section(r: ModelResults, levels: list[int]) -> list[str]:
                      ratio(r.perf["default"][i].req_per_s, r.perf["fixed"][i].req_per_s),
                      ratio(r.perf["default"][i].req_per_s, r.perf["reference"][i].req_per_s)]
                     for i, level in enumerate(levels)])
+    lines += ["", "perf_analyzer's own CPU per request, µs (estimated over its whole run), against the Python "
+              "client's on the same server (TF Serving's Predict, the median run above):", ""]
+    lines += table(["clients", *(f"{SERVERS[label]}: perf_analyzer / python" for label in SERVERS)],
+                   [[str(level), *(f"{r.perf[label][i].client_cpu_us:,.0f} / {cpu(r.closed[label][i], 'client_cpu_us')}"
+                                   for label in SERVERS)] for i, level in enumerate(levels)])
     split = [(level, run.server_us) for level, run in zip(levels, r.perf[TRITON], strict=True) if run.server_us]
     if split:
         lines += ["", "This server's split of a request, µs (perf_analyzer's Triton kind, from ModelStatistics):", ""]

@@ -37,8 +37,9 @@ REQUEST_SECONDS = Histogram(
 )
 QUEUE_SECONDS = Histogram(
     "mirrorserve_queue_duration_seconds",
-    "Time a request spent in the batcher not computing: queued before its batch (and between its "
-    "batches when it was split). Same value as the mirrorserve-queue-seconds trailer.",
+    "Time a request waited in the batcher: before its batch (and between its batches when it was split), "
+    "not counting its batches' hand-over to the model, run and return. Same value as the "
+    "mirrorserve-queue-seconds trailer and Triton's ModelStatistics queue.",
     ["model", "version"], buckets=LATENCY_BUCKETS,
 )
 BATCH_SECONDS = Histogram(

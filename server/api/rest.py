@@ -101,7 +101,13 @@ def rest_call(method: str, *, drained: bool = False, counted: bool = False) -> C
 
             async def fail(exc: Exception) -> web.StreamResponse:
                 assert call is not None
-                return self.failure(call.method, exc, call.started, call.servable, call.name, request.remote)
+                response = self.failure(call.method, exc, call.started, call.servable, call.name, request.remote)
+                if not request.content.at_eof():
+                    # Refused before its body was read: the connection closes after this answer
+                    # (the body is not read to keep it), so say so, and a keep-alive client
+                    # reconnects instead of writing its next request into a closed socket.
+                    response.force_close()
+                return response
 
             return await self.settle(call, counted, body(self, request, call), fail)
 

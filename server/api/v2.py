@@ -23,7 +23,7 @@ from server.api.recording import Recorder
 from server.api.status import parse
 from server.core.inference import infer
 from server.core.repository import Repository
-from server.core.servables import Registry
+from server.core.servables import Registry, Servable
 from server.errors import InvalidInput
 
 PROTOCOL = "v2"
@@ -52,6 +52,12 @@ class V2Servicer(Admission):
     async def server_metadata(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         return self._metadata
 
+    def _resolve(self, call: Call, name: str, version: str) -> Servable:
+        """The version a model call addresses (the highest available when `version` is empty)."""
+        call.name = name
+        call.servable = self._registry.resolve(name, v2_model.parse_version(version, "version"))
+        return call.servable
+
     @grpc_call("ModelReady")
     async def model_ready(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
         """Ready or not; only a malformed request is an error (an unknown model is not ready)."""
@@ -62,9 +68,7 @@ class V2Servicer(Admission):
     @grpc_call("ModelMetadata")
     async def model_metadata(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
         request = parse(pb.ModelMetadataRequest, raw)
-        call.name = request.name
-        call.servable = servable = self._registry.resolve(request.name, v2_model.parse_version(request.version,
-                                                                                               "version"))
+        servable = self._resolve(call, request.name, request.version)
         return json_format.ParseDict(v2_model.metadata(self._registry, servable), pb.ModelMetadataResponse())
 
     @grpc_call("ModelInfer", drained=True, counted=True)
@@ -90,9 +94,7 @@ class V2Servicer(Admission):
     @grpc_call("ModelConfig")
     async def model_config(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
         request = parse(pb.ModelConfigRequest, raw)
-        call.name = request.name
-        call.servable = servable = self._registry.resolve(request.name, v2_model.parse_version(request.version,
-                                                                                               "version"))
+        servable = self._resolve(call, request.name, request.version)
         response = pb.ModelConfigResponse()
         json_format.ParseDict(triton_model.config(self._registry, servable), response.config)
         return response

@@ -58,7 +58,8 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
     # perf_analyzer beside our client: each server over TF Serving's Predict, ours over Triton's kind too
     perf = mlp["perf_analyzer"]
     assert set(perf) == {"fixed", "off", "default", "reference", "triton"}
-    assert all(len(runs) == 2 and all(r["req_per_s"] > 0 and r["p50_ms"] > 0 for r in runs) for runs in perf.values())
+    assert all(len(runs) == 2 and all(r["req_per_s"] > 0 and r["p50_ms"] > 0 and r["client_cpu_us"] > 0 for r in runs)
+               for runs in perf.values())
     assert all(r["server_us"] is None for label in ("fixed", "reference") for r in perf[label])
     assert all(set(r["server_us"]) == {"queue", "compute_input", "compute_infer", "compute_output"}
                for r in perf["triton"])

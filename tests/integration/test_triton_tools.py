@@ -158,7 +158,9 @@ def test_repository_index_load_and_unload(server: ServerProcess, clients: dict[s
     assert clients["http"].is_model_ready("echo")
     out = infer(clients["http"], "echo", np.array([[5, 6]], dtype=np.int64))
     assert out.as_numpy("y").tolist() == [[5, 6]]
-    # Loaded again with a config: its version policy and batching apply.
+    # Loaded with a config: its version policy and batching apply (to versions loaded from then on,
+    # so here, unloaded first).
+    clients["http"].unload_model("echo", headers=AUTH)
     clients["http"].load_model("echo", headers=AUTH, config='{"version_policy": {"all": {}}, "max_batch_size": 8}')
     config = clients["http"].get_model_config("echo")
     assert (config["version_policy"], config["max_batch_size"]) == ({"all": {}}, 8)
@@ -258,7 +260,7 @@ def test_bad_repository_calls_get_clear_errors(server: ServerProcess, clients: d
     index = {(m["name"], m.get("version", "")): m["state"] for m in h.get_model_repository_index()}
     assert ("notamodel", "") in index and ("corrupt", "1") not in index  # failed loads were undone
     # A body too large or not JSON, straight over HTTP.
-    for body, status in ((b"[1, 2]", 400), (b"{" * 100_000, 400), (b"x" * (2 << 20), 413)):
+    for body, status in ((b"[1, 2]", 400), (b"{" * 100_000, 400), (b"x" * ((1 << 20) + 100), 413)):
         request = urllib.request.Request(f"{server.rest_url}/v2/repository/models/echo/load", data=body,
                                          headers={"Authorization": f"Bearer {TOKEN}"}, method="POST")
         with pytest.raises(urllib.error.HTTPError) as caught:

@@ -70,7 +70,8 @@ def test_all_flags() -> None:
         "--enable-model-management", "--admin-token-file", "/etc/tokens", "--model-root", "/m", "--model-root", "/n",
     )
     assert s == Settings(
-        model_base_path="/m/a", model_name="n", model_config_file=None, file_system_poll_wait_seconds=1.0,
+        model_base_path="/m/a", model_name="n", model_config_file=None, model_repository=None,
+        model_control_mode="none", load_models=(), file_system_poll_wait_seconds=1.0,
         model_config_file_poll_wait_seconds=0.0, port=0, rest_api_port=0, replicas=4, max_batch_size=8,
         batch_timeout_ms=0.5, allowed_batch_sizes=(2, 4, 8), batching_parameters_file="/etc/batching",
         max_queued_rows=100, metrics_port=9090, max_message_bytes=1024,
