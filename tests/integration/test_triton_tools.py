@@ -49,6 +49,7 @@ def repository(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFac
     for name in ("demo", "echo"):
         shutil.copytree(model_dirs[name], root / name)
     shutil.copytree(model_dirs["echo"], root / "spare")
+    shutil.copytree(model_dirs["slow"], root / "slow")
     (root / "notamodel" / "junk").mkdir(parents=True)
     (root / "corrupt" / "1").mkdir(parents=True)
     (root / "corrupt" / "1" / "saved_model.pb").write_bytes(b"not a SavedModel")
@@ -172,6 +173,38 @@ def test_repository_index_load_and_unload(server: ServerProcess, clients: dict[s
     assert error.status() == "404" and "'echo'" in error.message()
     after = {(m["name"], m.get("version", "")): m["state"] for m in clients["http"].get_model_repository_index()}
     assert after["echo", ""] == "UNAVAILABLE"  # back to a repository folder not loaded
+
+
+def test_an_unloaded_model_answers_its_queued_requests_first(server: ServerProcess,
+                                                             clients: dict[str, Any]) -> None:
+    """A batch executing and a request queued behind it when the unload comes: both are answered,
+    and the model is NOT_FOUND from then on."""
+    clients["grpc"].load_model("slow", headers=AUTH)
+    answers: dict[str, Any] = {}
+
+    def ask(key: str, work: float) -> None:
+        with tgrpc.InferenceServerClient(server.target) as client:
+            answers[key] = infer(client, "slow", np.array([[work, 21.0]], np.float32)).as_numpy("y").tolist()
+
+    held = threading.Thread(target=ask, args=("held", 15_000))
+    held.start()
+    wait_for(lambda: server.metric("mirrorserve_batches_in_flight", model="slow") >= 1, "the slow batch")
+    queued = threading.Thread(target=ask, args=("queued", 0))
+    queued.start()
+    wait_for(lambda: server.metric("mirrorserve_queue_rows", model="slow") >= 1, "a queued row")
+    clients["http"].unload_model("slow", headers=AUTH)  # returns once both are answered
+    held.join()
+    queued.join()
+    assert answers == {"held": [42.0], "queued": [42.0]}
+    error = fails(lambda: infer(clients["grpc"], "slow", np.array([[0, 1]], np.float32)))
+    assert error.status() == "StatusCode.NOT_FOUND" and "'slow'" in error.message()
+
+
+def wait_for(condition: Any, what: str, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {seconds} s"
+        time.sleep(0.01)
 
 
 def test_load_and_unload_under_load_fail_nothing(server: ServerProcess, clients: dict[str, Any]) -> None:
