@@ -41,7 +41,7 @@ from server.core.batching_policy import SMOOTHING, BatchCost, auto_bound, busy_s
 from server.errors import DeadlineExceeded, Overloaded, Unavailable
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # a value, never changed; slots, not frozen: made per request or batch
 class Ran:
     """What running one batch gave back."""
 
@@ -61,7 +61,7 @@ model worker's side writes them straight into shared memory, so a batch's inputs
 not twice."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class BatchTiming:
     """Where one batch's round trip went: handing it over, the model, and getting its outputs
     back and split per request (the three add up to the round trip)."""
@@ -100,7 +100,7 @@ class _NoObserver:
         pass
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # a value, never changed; slots, not frozen: made per request or batch
 class Answer:
     outputs: Tensors
     """This request's rows of every output, in its row order."""
@@ -160,7 +160,7 @@ class _Request:
             self.future.set_exception(exc)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Slice:
     request: _Request
     start: int

@@ -20,7 +20,7 @@ from server.core.servables import Servable
 from server.core.signatures import DEFAULT_SIGNATURE, Signature
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # a value, never changed; slots, not frozen: made per request or batch
 class Inference:
     servable: Servable
     signature: str

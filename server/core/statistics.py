@@ -20,11 +20,12 @@ class Duration:
     ns: int = 0
 
     def add(self, seconds: float) -> None:
+        """`seconds` >= 0 (perf_counter differences; the queue time is clamped)."""
         self.count += 1
-        self.ns += max(0, round(seconds * 1e9))
+        self.ns += int(seconds * 1e9)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # a value, never changed; slots, not frozen: made per request or batch
 class RequestTiming:
     """Where one request's server time went. `queue` waiting for and between its batches;
     `input` decoding it and handing its batches to the model; `infer` the model's time on its
