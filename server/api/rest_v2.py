@@ -141,7 +141,9 @@ class V2Rest(rest.RestFrontEnd):
     @rest.rest_call("RepositoryModelLoad")
     async def repository_model_load(self, request: web.Request, call: Call) -> web.StreamResponse:
         async def load(parameters: dict[str, Any]) -> None:
-            await self._repository.load(triton_model.load_source(self._repository, call.name, parameters))
+            source = triton_model.load_source(self._repository, call.name, parameters)
+            self._control().check_paths([source])  # a subfolder may be a symlink out of the roots
+            await self._repository.load(source)
 
         return await self._change(request, call, load)
 

@@ -117,7 +117,9 @@ class V2Servicer(Admission):
     async def repository_model_load(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
         async def load(request: Any) -> None:
             parameters = {k: _parameter_value(v) for k, v in request.parameters.items()}
-            await self._repository.load(triton_model.load_source(self._repository, request.model_name, parameters))
+            source = triton_model.load_source(self._repository, request.model_name, parameters)
+            self._control().check_paths([source])  # a subfolder may be a symlink out of the roots
+            await self._repository.load(source)
 
         await self._change(pb.RepositoryModelLoadRequest, raw, context, call, load)
         return pb.RepositoryModelLoadResponse()

@@ -51,6 +51,7 @@ def repository(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFac
     shutil.copytree(model_dirs["echo"], root / "spare")
     shutil.copytree(model_dirs["slow"], root / "slow")
     (root / "notamodel" / "junk").mkdir(parents=True)
+    (root / "escape").symlink_to(model_dirs["echo"])  # a model folder outside the repository
     (root / "corrupt" / "1").mkdir(parents=True)
     (root / "corrupt" / "1" / "saved_model.pb").write_bytes(b"not a SavedModel")
     return root
@@ -267,6 +268,7 @@ def test_bad_repository_calls_get_clear_errors(server: ServerProcess, clients: d
         (lambda c: c.load_model("notamodel", headers=AUTH), "FAILED_PRECONDITION", "400",
          "no version folder"),
         (lambda c: c.load_model("corrupt", headers=AUTH), "FAILED_PRECONDITION", "400", "failed to load"),
+        (lambda c: c.load_model("escape", headers=AUTH), "INVALID_ARGUMENT", "400", "not inside a model root"),
         (lambda c: c.load_model("a\\b", headers=AUTH), "INVALID_ARGUMENT", "400", "not a folder name"),
         (lambda c: c.load_model("echo", headers=AUTH, config="{not json"), "INVALID_ARGUMENT", "400",
          "parameter 'config' is not a model configuration"),
