@@ -63,15 +63,16 @@ def _decompressor(encoding: str, first: bytes) -> Any:
     return zlib.decompressobj(wbits)
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The whole body, decompressed, or TooLarge (413) / UnsupportedEncoding (415)."""
+async def read_body(request: web.Request, limit: int, limit_name: str = "--max-message-bytes") -> bytes:
+    """The whole body, decompressed, or TooLarge (413) / UnsupportedEncoding (415); `limit_name`
+    says in the refusal where the limit comes from."""
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower() or "identity"
     if encoding not in ENCODINGS:
         raise UnsupportedEncoding(f"Content-Encoding '{encoding[:40]}' is not supported; send the body as it is, "
                                   f"or in {', '.join(e for e in ENCODINGS if e != 'identity')}")
     declared = request.content_length
     if declared is not None and declared > limit:
-        raise TooLarge(f"the body has {declared} bytes; the limit is {limit} (--max-message-bytes)")
+        raise TooLarge(f"the body has {declared} bytes; the limit is {limit} ({limit_name})")
     chunks: list[bytes] = []
     read = 0
     while True:
@@ -83,17 +84,17 @@ async def read_body(request: web.Request, limit: int) -> bytes:
             break
         read += len(data)
         if read > limit:
-            raise TooLarge(f"the body is over the limit of {limit} bytes (--max-message-bytes)")
+            raise TooLarge(f"the body is over the limit of {limit} bytes ({limit_name})")
         chunks.append(data)
     if encoding == "identity":
         return b"".join(chunks)
     if encoding in ("gzip", "x-gzip") and _gzip_size(chunks) > limit:
         # A gzip stream ends with its decompressed size: a bomb is refused without inflating it.
         # (A trailer that lies is caught by zlib at the end, or by the limit while inflating.)
-        raise TooLarge(f"the body decompresses to over the limit of {limit} bytes (--max-message-bytes)")
+        raise TooLarge(f"the body decompresses to over the limit of {limit} bytes ({limit_name})")
     compressed = b"".join(chunks)
     inflater = _decompressor(encoding, compressed)
-    body = await _inflate(inflater, compressed, limit)
+    body = await _inflate(inflater, compressed, limit, limit_name)
     if not inflater.eof:
         raise UnsupportedEncoding(f"the {encoding} body ends before its compressed stream does")
     return body
@@ -122,7 +123,7 @@ def _lower_thread_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HELPER_NICENESS)
 
 
-async def _inflate(inflater: Any, data: bytes, limit: int) -> bytes:
+async def _inflate(inflater: Any, data: bytes, limit: int, limit_name: str) -> bytes:
     """Decompress `data` a bounded piece at a time, then what zlib still holds once every input
     byte is in, until the stream ends or nothing more comes out."""
     pieces: list[bytes] = []
@@ -135,7 +136,7 @@ async def _inflate(inflater: Any, data: bytes, limit: int) -> bytes:
             raise UnsupportedEncoding(f"the body is not valid compressed data: {exc}") from None
         size += len(piece)
         if size > limit:
-            raise TooLarge(f"the body decompresses to over the limit of {limit} bytes (--max-message-bytes)")
+            raise TooLarge(f"the body decompresses to over the limit of {limit} bytes ({limit_name})")
         pieces.append(piece)
         data = inflater.unconsumed_tail
         if inflater.eof or not (data or piece):

@@ -140,26 +140,16 @@ class V2Rest(rest.RestFrontEnd):
 
     @rest.rest_call("RepositoryModelLoad")
     async def repository_model_load(self, request: web.Request, call: Call) -> web.StreamResponse:
-        async def load(parameters: dict[str, Any]) -> None:
-            source = triton_model.load_source(self._repository, call.name, parameters)
-            self._control().check_paths([source])  # a subfolder may be a symlink out of the roots
-            await self._repository.load(source)
-
-        return await self._change(request, call, load)
+        return await self._change(request, call, lambda name, parameters: triton_model.load(
+            self._repository, self._control(), name, parameters))
 
     @rest.rest_call("RepositoryModelUnload")
     async def repository_model_unload(self, request: web.Request, call: Call) -> web.StreamResponse:
-        async def unload(parameters: dict[str, Any]) -> None:
-            unknown = sorted(set(parameters) - {triton_model.UNLOAD_DEPENDENTS})
-            if unknown:
-                raise InvalidInput(f"unknown unload parameter '{unknown[0][:80]}'; an unload takes "
-                                   f"'{triton_model.UNLOAD_DEPENDENTS}' only")
-            await self._repository.unload(call.name)
-
-        return await self._change(request, call, unload)
+        return await self._change(request, call, lambda name, parameters: triton_model.unload(
+            self._repository, name, parameters))
 
     async def _change(self, request: web.Request, call: Call,
-                      work: Callable[[dict[str, Any]], Awaitable[None]]) -> web.StreamResponse:
+                      work: Callable[[str, dict[str, Any]], Awaitable[None]]) -> web.StreamResponse:
         """A call that changes the served models: authorized before its body is read
         (server.api.control), logged with its outcome."""
         control = self._control()
@@ -172,7 +162,7 @@ class V2Rest(rest.RestFrontEnd):
             parameters = (await self._json_body(request)).get("parameters", {})
             if not isinstance(parameters, dict):
                 raise InvalidInput("'parameters' must be a JSON object")
-            await work(parameters)
+            await work(call.name, parameters)
         except Exception as exc:
             control.done(caller, call.method, f"failed: {exc}")
             raise
@@ -181,7 +171,7 @@ class V2Rest(rest.RestFrontEnd):
 
     async def _json_body(self, request: web.Request) -> dict[str, Any]:
         """A small JSON object body; empty is {}."""
-        raw = await read_body(request, min(self._max_body_bytes, CONTROL_BODY_BYTES))
+        raw = await read_body(request, min(self._max_body_bytes, CONTROL_BODY_BYTES), "a control call's body")
         if not raw.strip():
             return {}
         body = json_codec.loads(raw)

@@ -20,9 +20,10 @@ from google.protobuf import json_format
 from protos.inference import model_config_pb2
 from protos.tensorflow_serving import session_bundle_config_pb2
 from server.api import v2_codec, v2_model
+from server.api.control import ControlPlane
 from server.core import batching_policy
 from server.core.inference import predictor_of, signature_of
-from server.core.model_config import CHECK_BASE, VersionPolicy
+from server.core.model_config import CHECK_BASE, ModelSource, VersionPolicy
 from server.core.repository import IndexEntry, Repository
 from server.core.servables import Registry, Servable, State
 from server.core.statistics import Duration, VersionStatistics
@@ -122,7 +123,22 @@ def _entry(entry: IndexEntry) -> dict[str, str]:
     return {k: v for k, v in fields.items() if v or k in ("name", "state")}
 
 
-def load_source(repository: Repository, name: str, parameters: Mapping[str, Any]) -> Any:
+async def load(repository: Repository, control: ControlPlane, name: str, parameters: Mapping[str, Any]) -> None:
+    """A repository load call, its caller authorized: the folder, inside a model root (a subfolder
+    may be a symlink out of it), with its parameters applied, served once this returns."""
+    source = load_source(repository, name, parameters)
+    control.check_paths([source])
+    await repository.load(source)
+
+
+async def unload(repository: Repository, name: str, parameters: Mapping[str, Any]) -> None:
+    unknown = sorted(set(parameters) - {UNLOAD_DEPENDENTS})
+    if unknown:
+        raise InvalidInput(f"unknown unload parameter '{unknown[0][:80]}'; an unload takes '{UNLOAD_DEPENDENTS}' only")
+    await repository.unload(name)
+
+
+def load_source(repository: Repository, name: str, parameters: Mapping[str, Any]) -> ModelSource:
     """The model a load call asks for: the repository's folder `name`, with what its `config`
     parameter (ModelConfig JSON) sets of the version policy and batching. InvalidInput names any
     other parameter, or what is wrong with the config."""

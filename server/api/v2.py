@@ -115,29 +115,18 @@ class V2Servicer(Admission):
 
     @grpc_call("RepositoryModelLoad")
     async def repository_model_load(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
-        async def load(request: Any) -> None:
-            parameters = {k: _parameter_value(v) for k, v in request.parameters.items()}
-            source = triton_model.load_source(self._repository, request.model_name, parameters)
-            self._control().check_paths([source])  # a subfolder may be a symlink out of the roots
-            await self._repository.load(source)
-
-        await self._change(pb.RepositoryModelLoadRequest, raw, context, call, load)
+        await self._change(pb.RepositoryModelLoadRequest, raw, context, call, lambda name, parameters:
+                           triton_model.load(self._repository, self._control(), name, parameters))
         return pb.RepositoryModelLoadResponse()
 
     @grpc_call("RepositoryModelUnload")
     async def repository_model_unload(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
-        async def unload(request: Any) -> None:
-            unknown = sorted(set(request.parameters) - {triton_model.UNLOAD_DEPENDENTS})
-            if unknown:
-                raise InvalidInput(f"unknown unload parameter '{unknown[0][:80]}'; an unload takes "
-                                   f"'{triton_model.UNLOAD_DEPENDENTS}' only")
-            await self._repository.unload(request.model_name)
-
-        await self._change(pb.RepositoryModelUnloadRequest, raw, context, call, unload)
+        await self._change(pb.RepositoryModelUnloadRequest, raw, context, call, lambda name, parameters:
+                           triton_model.unload(self._repository, name, parameters))
         return pb.RepositoryModelUnloadResponse()
 
     async def _change(self, message: Any, raw: bytes, context: grpc.aio.ServicerContext, call: Call,
-                      work: Callable[[Any], Awaitable[None]]) -> None:
+                      work: Callable[[str, dict[str, Any]], Awaitable[None]]) -> None:
         """A call that changes the served models: authorized first (server.api.control), logged
         with its outcome."""
         control = self._control()
@@ -147,7 +136,7 @@ class V2Servicer(Admission):
             request = parse(message, raw)
             call.name = request.model_name
             _no_repository_name(request.repository_name)
-            await work(request)
+            await work(call.name, {k: _parameter_value(v) for k, v in request.parameters.items()})
         except Exception as exc:
             control.done(caller, call.method, f"failed: {exc}")
             raise

@@ -10,6 +10,7 @@ live in one process, so nothing here imports protos.inference (the server does, 
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -294,13 +295,21 @@ def test_bad_repository_calls_get_clear_errors(server: ServerProcess, clients: d
             assert error.status() == expected and text in error.message(), (expected, error)
     index = {(m["name"], m.get("version", "")): m["state"] for m in h.get_model_repository_index()}
     assert ("notamodel", "") in index and ("corrupt", "1") not in index  # failed loads were undone
-    # A body too large or not JSON, straight over HTTP.
-    for body, status in ((b"[1, 2]", 400), (b"{" * 100_000, 400), (b"x" * ((1 << 20) + 100), 413)):
+    # A body not JSON, straight over HTTP; and one declared too large, refused before it is sent.
+    for body, status in ((b"[1, 2]", 400), (b"{" * 100_000, 400)):
         request = urllib.request.Request(f"{server.rest_url}/v2/repository/models/echo/load", data=body,
                                          headers={"Authorization": f"Bearer {TOKEN}"}, method="POST")
         with pytest.raises(urllib.error.HTTPError) as caught:
             urllib.request.urlopen(request, timeout=10)
         assert caught.value.code == status, body[:20]
+    connection = http.client.HTTPConnection("127.0.0.1", server.rest_port, timeout=10)
+    connection.putrequest("POST", "/v2/repository/models/echo/load")
+    connection.putheader("Authorization", f"Bearer {TOKEN}")
+    connection.putheader("Content-Length", str((1 << 20) + 1))
+    connection.endheaders()
+    response = connection.getresponse()
+    assert response.status == 413 and b"a control call's body" in response.read()
+    connection.close()
     assert infer(g, "demo", np.zeros((1, 8), np.float32)).as_numpy("probabilities").shape == (1, 3)
 
 

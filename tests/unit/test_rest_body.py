@@ -158,7 +158,7 @@ def test_bodies_of_every_size_around_a_piece_inflate_whole() -> None:
 
     async def inflate(encoding: str, body: bytes) -> bytes:
         inflater = rest_body._decompressor(encoding, body)
-        out = await rest_body._inflate(inflater, body, 1 << 30)
+        out = await rest_body._inflate(inflater, body, 1 << 30, "the limit")
         assert inflater.eof
         return out
 
