@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import itertools
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from server import event_loop
+from server import event_loop, tfs_flags
 
 ENV_PREFIX = "MIRRORSERVE_"
 
@@ -109,6 +111,13 @@ class Settings:
     model_roots: tuple[str, ...]
     """Folders a model management call may point a base path into (symlinks resolved); empty: the
     folders holding the start-up models."""
+    rest_api_timeout_ms: float
+    """A REST request's deadline when it sends none (TF Serving's rest_api_timeout_in_ms); 0: none."""
+    monitoring_config_file: str | None
+    """TF Serving's MonitoringConfig text file: whether the REST port serves the metrics, and at
+    which path; without it, /metrics and /monitoring/prometheus/metrics."""
+    flag_warnings: tuple[str, ...] = ()
+    """TF Serving flags accepted and ignored (server.tfs_flags), logged at start."""
 
     @property
     def tls_mode(self) -> str:
@@ -284,7 +293,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a folder model management calls may point base paths into, symlinks resolved "
                         f"(repeatable; in the environment, separated by '{os.pathsep}'; default: the folders "
                         "holding the start-up models)")
+    p.add_argument("--rest-api-timeout-ms", type=_non_negative_float, default=0.0, metavar="MS",
+                   help="a REST request's deadline when it sends none (Grpc-Timeout or v2 timeout); "
+                        "default 0: none")
+    p.add_argument("--monitoring-config-file", default=None, metavar="FILE",
+                   help="TF Serving's MonitoringConfig text file (prometheus_config { enable path }): whether "
+                        "the REST port serves the metrics, and where (default: /metrics and "
+                        "/monitoring/prometheus/metrics)")
+    p.add_argument("--version", action="version", version=f"mirrorserve {_version()}",
+                   help="print the version and exit")
     return p
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("mirrorserve")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _env_name(action: argparse.Action) -> str:
@@ -312,9 +337,13 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
     """Parse flags, filling any flag not given from MIRRORSERVE_* variables."""
     environ = os.environ if environ is None else environ
     parser = build_parser()
+    try:  # TF Serving's own flag names (server.tfs_flags) first
+        argv, flag_warnings = tfs_flags.translate(sys.argv[1:] if argv is None else argv)
+    except tfs_flags.FlagError as exc:
+        parser.error(str(exc))
     env_defaults = {}
     for action in parser._actions:
-        if action.dest == "help":
+        if action.dest in ("help", "version"):
             continue
         raw = environ.get(_env_name(action))
         if raw is None:
@@ -372,4 +401,4 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         parser.error("--enable-model-management needs a credential: --admin-token-file, or mutual TLS "
                      "(--tls-client-ca-file)")
     fields = {f.name for f in dataclasses.fields(Settings)}
-    return Settings(**{k: v for k, v in vars(ns).items() if k in fields})
+    return Settings(**{k: v for k, v in vars(ns).items() if k in fields}, flag_warnings=tuple(flag_warnings))

@@ -32,7 +32,7 @@ from pathlib import Path
 import grpc
 from prometheus_client import start_http_server
 
-from server import event_loop, logs, loop_lag, memory, metrics
+from server import event_loop, logs, loop_lag, memory, metrics, monitoring_config
 from server.api import rest, rest_tfs, rest_v2, tfs, tfs_model_service, v2
 from server.api.admission import ConcurrencyLimit
 from server.api.control import ControlPlane, default_roots, read_tokens
@@ -108,7 +108,10 @@ async def serve(settings: Settings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, request_stop, sig)
 
+    for warning in settings.flag_warnings:
+        log.warning("%s", warning)
     sources = _configured_sources(settings)
+    metrics_paths = monitoring_config.metrics_paths(settings.monitoring_config_file)  # a bad file exits 2
     batching = batching_policy.server_policy(settings)  # a bad --batching_parameters_file exits 2
     config_text = Path(settings.model_config_file).read_text() if settings.model_config_file else ""
     tokens = read_tokens(settings.admin_token_file) if settings.admin_token_file else {}
@@ -128,8 +131,10 @@ async def serve(settings: Settings) -> int:
     lifecycle: Lifecycle | None = None
     repository = Repository(registry, lambda: lifecycle, settings.model_repository, settings.model_control_mode)
     v2_servicer = v2.V2Servicer(registry, settings.max_message_bytes, ready, repository, lambda: control)
-    tfs_rest = rest_tfs.TfsRest(registry, settings.max_message_bytes, decoder)
-    v2_rest = rest_v2.V2Rest(registry, settings.max_message_bytes, ready, decoder, repository, lambda: control)
+    rest_timeout_s = settings.rest_api_timeout_ms / 1000 if settings.rest_api_timeout_ms > 0 else None
+    tfs_rest = rest_tfs.TfsRest(registry, settings.max_message_bytes, decoder, rest_timeout_s)
+    v2_rest = rest_v2.V2Rest(registry, settings.max_message_bytes, ready, decoder, repository, lambda: control,
+                             rest_timeout_s)
     front_ends = (servicer, v2_servicer, tfs_rest, v2_rest)
     server = grpc.aio.server(options=_grpc_options(settings))
     tfs.add_to_server(servicer, server, limit)
@@ -143,7 +148,7 @@ async def serve(settings: Settings) -> int:
     rest_port = -1
     if settings.rest_api_port >= 0:
         rest_server = rest.RestServer(rest.build_app(tfs_rest.routes() + v2_rest.routes(),
-                                                     settings.max_message_bytes, limit))
+                                                     settings.max_message_bytes, limit, metrics_paths))
         rest_port = await rest_server.start(settings.rest_bind_address, settings.rest_api_port,
                                             _rest_ssl_context(settings))
     metrics_port = -1

@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import Metric
 
 if TYPE_CHECKING:  # plain data only: the metrics stay importable from anywhere
     from server.core.batcher import Answer, BatchTiming
@@ -100,6 +101,59 @@ EVENT_LOOP_LAG = Histogram(
     buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
 
+# ---- TF Serving's own series, by its names, labels and units (µs), beside ours ------------------
+# So that TF Serving's dashboards and alerts work unchanged. Its exporter writes
+# `/tensorflow/serving/request_count` as `:tensorflow:serving:request_count`, with no `_total`
+# suffix; its histograms have exponential buckets in microseconds.
+
+TFS_LATENCY_BUCKETS_US = tuple(10 * 1.8**i for i in range(33))
+TFS_QUEUE_BUCKETS_US = tuple(100 * 1.2**i for i in range(52))
+TFS_BATCH_BUCKETS = tuple(float(2**i) for i in range(14))
+TFS_THREAD_POOL = "batch_threads"
+"""BatchingParameters.thread_pool_name's default: the label TF Serving's queuing latency carries."""
+
+TFS_REQUEST_LATENCY = Histogram(
+    ":tensorflow:serving:request_latency", "TF Serving's name: latency of OK inference requests, µs, by "
+    "model_name, API (Predict, predict on REST; ModelInfer, infer for v2) and entrypoint (GRPC or REST).",
+    ["model_name", "API", "entrypoint"], buckets=TFS_LATENCY_BUCKETS_US,
+)
+TFS_RUNTIME_LATENCY = Histogram(
+    ":tensorflow:serving:runtime_latency", "TF Serving's name: the model's time on an OK request's batches, µs.",
+    ["model_name", "API", "runtime"], buckets=TFS_LATENCY_BUCKETS_US,
+)
+TFS_QUEUING_LATENCY = Histogram(
+    ":tensorflow:serving:batching_session:queuing_latency", "TF Serving's name: a request's wait for its batch, µs.",
+    ["thread_pool_name"], buckets=TFS_QUEUE_BUCKETS_US,
+)
+TFS_PROCESSED_BATCH_SIZE = Histogram(
+    ":tensorflow:serving:batching_session:processed_batch_size", "TF Serving's name: the size of each executed "
+    "batch, padding included.", [], buckets=TFS_BATCH_BUCKETS,
+)
+
+
+class _TfServingRequestCount:
+    """`:tensorflow:serving:request_count{model_name,status}`, exactly so named (a Counter would add
+    `_total`): inference requests answered, by gRPC status name."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], int] = {}
+
+    def inc(self, model_name: str, status: str) -> None:
+        key = (model_name, status)
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def collect(self) -> list[Metric]:
+        metric = Metric(":tensorflow:serving:request_count", "TF Serving's name: inference requests answered, by "
+                        "model_name and status.", "unknown")
+        for (model_name, status), count in sorted(self.counts.items()):
+            metric.add_sample(":tensorflow:serving:request_count", {"model_name": model_name, "status": status},
+                              count)
+        return [metric]
+
+
+TFS_REQUEST_COUNT = _TfServingRequestCount()
+REGISTRY.register(TFS_REQUEST_COUNT)
+
 VERSION_GAUGES = (QUEUE_ROWS, QUEUE_ROWS_LIMIT, QUEUE_REQUESTS, BATCHES_IN_FLIGHT, MODEL_READY)
 
 
@@ -125,6 +179,7 @@ class BatcherMetrics:
         self._batch_rows = BATCH_ROWS.labels(model, version)
         self._batch_seconds = BATCH_SECONDS.labels(model, version)
         self._queue_seconds = QUEUE_SECONDS.labels(model, version)
+        self._tfs_queuing = TFS_QUEUING_LATENCY.labels(TFS_THREAD_POOL)
         self._statistics = statistics
         self._dropped = {reason: DROPPED.labels(model, version, reason) for reason in ("deadline", "cancelled")}
 
@@ -140,11 +195,13 @@ class BatcherMetrics:
         self._in_flight.dec()
         if timing is not None:
             self._batch_seconds.observe(timing.infer_seconds)
+            TFS_PROCESSED_BATCH_SIZE.observe(padded)
             self._statistics.batch_ran(rows, padded, timing.input_seconds, timing.infer_seconds,
                                        timing.output_seconds)
 
     def request_finished(self, answer: Answer) -> None:
         self._queue_seconds.observe(answer.queue_seconds)
+        self._tfs_queuing.observe(answer.queue_seconds * 1e6)
         self._statistics.request_queued(answer.queue_seconds)
 
     def request_dropped(self, reason: str) -> None:

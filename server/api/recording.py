@@ -15,6 +15,10 @@ from server.api.status import status_for
 from server.core.servables import Registry, Servable
 from server.errors import ModelFailure
 
+INFERENCE_APIS = {("tfserving", "Predict"): ("Predict", "GRPC"), ("tfserving-rest", "Predict"): ("predict", "REST"),
+                  ("v2", "ModelInfer"): ("ModelInfer", "GRPC"), ("v2-rest", "ModelInfer"): ("infer", "REST")}
+"""TF Serving's API and entrypoint labels of each inference method (its series, server.metrics)."""
+
 
 class Recorder:
     def __init__(self, registry: Registry, protocol: str) -> None:
@@ -44,7 +48,28 @@ class Recorder:
         seconds = time.perf_counter() - started
         pair[0].inc()
         pair[1].observe(seconds)
+        api = INFERENCE_APIS.get((self._protocol, method))
+        if api is not None:
+            model = servable.name if servable is not None else self._registry.metric_label(name)
+            metrics.TFS_REQUEST_COUNT.inc(model, code.name)
+            if code is grpc.StatusCode.OK and servable is not None:
+                self._tfs_children(servable, method, api)[0].observe(seconds * 1e6)
         return seconds
+
+    def record_runtime(self, method: str, servable: Servable, seconds: float) -> None:
+        """TF Serving's runtime_latency of an OK inference: the model's time on its batches."""
+        api = INFERENCE_APIS.get((self._protocol, method))
+        if api is not None:
+            self._tfs_children(servable, method, api)[1].observe(seconds * 1e6)
+
+    def _tfs_children(self, servable: Servable, method: str, api: tuple[str, str]) -> tuple[Any, Any]:
+        """TF Serving's request_latency and runtime_latency children of a version, made once."""
+        key = ("tfs-metrics", self._protocol, method)
+        children = servable.cache.get(key)
+        if children is None:
+            children = servable.cache[key] = (metrics.TFS_REQUEST_LATENCY.labels(servable.name, *api),
+                                              metrics.TFS_RUNTIME_LATENCY.labels(servable.name, api[0], "TF1"))
+        return children
 
     def failed(self, method: str, exc: BaseException, started: float, servable: Servable | None = None,
                name: str = "", peer: str = "") -> tuple[grpc.StatusCode, str]:

@@ -18,7 +18,7 @@ import re
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server.api import json_codec
 from server.api.admission import Admission, Call, ConcurrencyLimit
+from server.api.recording import Recorder
 from server.api.refusals import count_refusal
 from server.api.status import http_status_for
 from server.core.servables import Servable
@@ -57,11 +58,12 @@ def error_response(status: int, message: str) -> web.Response:
     return response
 
 
-def deadline_of(request: web.Request) -> float | None:
-    """The client's deadline on time.monotonic's clock (Grpc-Timeout: 500m, 2S, ...), or None."""
+def deadline_of(request: web.Request, default_s: float | None = None) -> float | None:
+    """The client's deadline on time.monotonic's clock (Grpc-Timeout: 500m, 2S, ...); without
+    one, `default_s` from now (--rest-api-timeout-ms), or None."""
     text = request.headers.get(DEADLINE_HEADER)
     if text is None:
-        return None
+        return None if default_s is None else time.monotonic() + default_s
     match = _TIMEOUT.fullmatch(text.strip())
     if match is None:
         raise InvalidInput(f"{DEADLINE_HEADER} '{text}' is not a gRPC timeout: up to 8 digits and a unit, "
@@ -72,6 +74,14 @@ def deadline_of(request: web.Request) -> float | None:
 class RestFrontEnd(Admission):
     """An inference REST API: counted for the drain like the gRPC front-ends, and failing through
     the same recorder and status table."""
+
+    def __init__(self, recorder: Recorder, default_timeout_s: float | None = None) -> None:
+        super().__init__(recorder)
+        self._default_timeout_s = default_timeout_s
+
+    def deadline(self, request: web.Request) -> float | None:
+        """The request's deadline (deadline_of), the server's REST timeout when it sends none."""
+        return deadline_of(request, self._default_timeout_s)
 
     def failure(self, method: str, exc: BaseException, started: float, servable: Servable | None = None,
                 name: str = "", peer: str | None = None) -> web.Response:
@@ -174,10 +184,11 @@ async def _metrics_page(request: web.Request) -> web.Response:
     return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def build_app(routes: list[web.RouteDef], max_body_bytes: int, limit: ConcurrencyLimit) -> web.Application:
+def build_app(routes: list[web.RouteDef], max_body_bytes: int, limit: ConcurrencyLimit,
+              metrics_paths: Sequence[str] = METRICS_PATHS) -> web.Application:
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_limit_concurrency(limit)])
     app.add_routes(routes)
-    app.add_routes([web.get(path, _metrics_page) for path in METRICS_PATHS])
+    app.add_routes([web.get(path, _metrics_page) for path in metrics_paths])
     return app
 
 

@@ -48,8 +48,10 @@ def _signature_def_json(servable: Servable) -> Any:
 
 
 class TfsRest(rest.RestFrontEnd):
-    def __init__(self, registry: Registry, max_body_bytes: int, decoder: BodyDecoder) -> None:
-        super().__init__(Recorder(registry, PROTOCOL))
+    def __init__(self, registry: Registry, max_body_bytes: int, decoder: BodyDecoder,
+                 default_timeout_s: float | None = None) -> None:
+        """`default_timeout_s`: a request's deadline when it sends none (--rest-api-timeout-ms)."""
+        super().__init__(Recorder(registry, PROTOCOL), default_timeout_s)
         self._registry = registry
         self._max_body_bytes = max_body_bytes
         self._decoder = decoder
@@ -91,7 +93,7 @@ class TfsRest(rest.RestFrontEnd):
             if suffix in VERBS:
                 raise Unimplemented(f"'{suffix[1:]}' is not served here; use :predict")
             raise InvalidInput(f"POST takes :predict, not '{suffix or request.path}'")
-        deadline = rest.deadline_of(request)
+        deadline = self.deadline(request)
         call.servable = servable = self._registry.resolve(call.name, version, label)
         raw = await read_body(request, self._max_body_bytes)
         signature, row_format, inputs = await self._decoder.decode(

@@ -39,10 +39,11 @@ CONTROL_BODY_BYTES = 1 << 20
 
 class V2Rest(rest.RestFrontEnd):
     def __init__(self, registry: Registry, max_body_bytes: int, ready: Callable[[], bool],
-                 decoder: BodyDecoder, repository: Repository, control: Callable[[], ControlPlane]) -> None:
+                 decoder: BodyDecoder, repository: Repository, control: Callable[[], ControlPlane],
+                 default_timeout_s: float | None = None) -> None:
         """`ready`: whether the server as a whole is ready, as health says; `control`: who may
         load and unload models."""
-        super().__init__(Recorder(registry, PROTOCOL))
+        super().__init__(Recorder(registry, PROTOCOL), default_timeout_s)
         self._registry = registry
         self._repository = repository
         self._control = control
@@ -102,7 +103,7 @@ class V2Rest(rest.RestFrontEnd):
     @rest.rest_call("ModelInfer", drained=True, counted=True)
     async def infer(self, request: web.Request, call: Call) -> web.StreamResponse:
         call.servable = servable = self._resolve(request, call)
-        deadline = rest.deadline_of(request)
+        deadline = self.deadline(request)
         raw = await read_body(request, self._max_body_bytes)
         json_length = request.headers.get(v2_json.HEADER_LENGTH)
         body = await self._decoder.decode(v2_json.json_bytes(raw, json_length), v2_json.decode_infer_body,

@@ -150,6 +150,29 @@ def test_prometheus_reads_back_what_was_sent(demo_server: ServerProcess, prometh
     assert traces == 1.0
 
 
+TF_SERVING_QUERIES = {
+    # As TF Serving's dashboards and alerts write them, against its metric names.
+    "requests": 'sum(:tensorflow:serving:request_count{model_name="demo",status="OK"})',
+    "p99 µs": 'histogram_quantile(0.99, sum by (le) (:tensorflow:serving:request_latency_bucket'
+              '{model_name="demo",API="Predict",entrypoint="GRPC"}))',
+    "runtime requests": 'sum(:tensorflow:serving:runtime_latency_count{model_name="demo",runtime="TF1"})',
+    "mean queuing µs": "sum(:tensorflow:serving:batching_session:queuing_latency_sum) / "
+                       "sum(:tensorflow:serving:batching_session:queuing_latency_count)",
+    "batches": "sum(:tensorflow:serving:batching_session:processed_batch_size_count)",
+}
+
+
+def test_tf_servings_own_queries_run_on_its_metric_names(demo_server: ServerProcess, prometheus: Prometheus) -> None:
+    """After the test above sent REQUESTS Predict calls: TF Serving's series, by its names."""
+    found = {key: prometheus.wait_for(expr, float(REQUESTS)) if key in ("requests", "runtime requests")
+             else prometheus.query(expr) for key, expr in TF_SERVING_QUERIES.items()}
+    print(f"TF Serving's queries: {found}")
+    assert found["requests"] == found["runtime requests"] == REQUESTS
+    assert found["p99 µs"] is not None and 0 < found["p99 µs"] < 60e6
+    assert found["mean queuing µs"] is not None and found["mean queuing µs"] >= 0
+    assert found["batches"] is not None and 0 < found["batches"] <= REQUESTS
+
+
 DASHBOARD = ROOT / "deploy" / "grafana" / "mirrorserve.json"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
 ADAPTER_RULES = ROOT / "deploy" / "k8s" / "prometheus-adapter" / "rules.yaml"

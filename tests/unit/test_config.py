@@ -81,6 +81,7 @@ def test_all_flags() -> None:
         max_inflight_batches=1, intra_op_threads=0, inter_op_threads=0, event_loop="asyncio",
         grpc_bind_address="127.0.0.1", rest_bind_address="::1", grpc_max_concurrent_streams=64,
         enable_model_management=True, admin_token_file="/etc/tokens", model_roots=("/m", "/n"),
+        rest_api_timeout_ms=0.0, monitoring_config_file=None,
     )
     assert s.batch_timeout_s == pytest.approx(0.0005)
     assert parse("--batch-timeout-ms", "0").batch_timeout_ms == 0.0
