@@ -90,11 +90,12 @@ def test_server_started_as_the_deployment_passes_its_probes(model_dirs: dict[str
         if not port_is_free(port):
             pytest.fail(f"port {port} is taken on this machine; the test runs the manifest's own ports")
 
-    entrypoint = image_entrypoint()
-    assert entrypoint[:3] == ["python", "-m", "server"]
-    command = [sys.executable, *entrypoint[1:], *main.get("args", [])]
+    assert image_entrypoint() == ["mirrorserve-entrypoint"]  # deploy/entrypoint.sh, as the image holds it
+    command = ["sh", str(ROOT / "deploy" / "entrypoint.sh"), *main.get("args", [])]
     log_path = tmp_path / "server.log"
-    clean_env = {k: v for k, v in os.environ.items() if not k.startswith("MIRRORSERVE_")}
+    clean_env = {k: v for k, v in os.environ.items()
+                 if not k.startswith("MIRRORSERVE_") and k not in ("MODEL_NAME", "MODEL_BASE_PATH")}
+    clean_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{clean_env.get('PATH', '')}"  # the image's python
     process = subprocess.Popen(command, cwd=ROOT, env={**clean_env, "TF_CPP_MIN_LOG_LEVEL": "2", **env},
                                stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
     try:

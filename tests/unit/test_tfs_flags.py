@@ -3,6 +3,8 @@ warn by name, refused ones stop the start naming why, in every spelling TF Servi
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,12 @@ def test_refused_flags_stop_the_start_naming_why(argv: list[str], why: str,
 def test_their_defaults_are_accepted_silently() -> None:
     s = parse("--use_alts_credentials=false", "--saved_model_tags=serve", "--ssl_config_file=", "--grpc_socket_path=")
     assert s.flag_warnings == ()
+
+
+def test_the_mirrorserve_command_takes_the_same_arguments() -> None:
+    command = Path(sys.executable).parent / "mirrorserve"  # pyproject's [project.scripts]
+    done = subprocess.run([str(command), "--version"], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0 and done.stdout.startswith("mirrorserve "), done.stderr
+    done = subprocess.run([str(command), "--use_alts_credentials"], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 2 and "--use_alts_credentials" in done.stderr
