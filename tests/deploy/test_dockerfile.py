@@ -91,6 +91,17 @@ def test_the_entrypoint_follows_tf_servings_image_conventions(tmp_path: Path) ->
         "-m", "server", "--model_config_file=/c"]
 
 
+def test_every_file_the_image_copies_is_in_the_build_context() -> None:
+    """.dockerignore keeps deploy/ out of the context, but for the entry point the image copies."""
+    ignored = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")]
+    copied = [args.split()[0] for instruction, args in final_stage()
+              if instruction == "COPY" and not args.startswith("--from")]
+    assert copied == ["deploy/entrypoint.sh"]
+    assert "deploy/" in ignored and "!deploy/entrypoint.sh" in ignored
+    assert ignored.index("!deploy/entrypoint.sh") > ignored.index("deploy/")  # the later rule wins
+
+
 def test_the_cpu_variant_installs_tensorflow_cpu() -> None:
     build = (DEPLOY / "Dockerfile").read_text()
     cpu = build[build.index("cpu) "):build.index("gpu) ")]
