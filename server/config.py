@@ -300,12 +300,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TF Serving's MonitoringConfig text file (prometheus_config { enable path }): whether "
                         "the REST port serves the metrics, and where (default: /metrics and "
                         "/monitoring/prometheus/metrics)")
-    p.add_argument("--version", action="version", version=f"mirrorserve {_version()}",
+    p.add_argument("--version", action="version", version=f"mirrorserve {server_version()}",
                    help="print the version and exit")
     return p
 
 
-def _version() -> str:
+def server_version() -> str:
+    """This package's version (what --version and the v2 ServerMetadata say)."""
     try:
         return importlib.metadata.version("mirrorserve")
     except importlib.metadata.PackageNotFoundError:

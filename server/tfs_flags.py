@@ -87,10 +87,6 @@ def _nonempty(value: str) -> bool:
     return bool(value.strip())
 
 
-def _true(value: str) -> bool:
-    return _switch(value)
-
-
 def _not_serve(value: str) -> bool:
     return {t.strip() for t in value.split(",") if t.strip()} not in (set(), {"serve"})
 
@@ -152,7 +148,7 @@ FLAGS = {f.name: f for f in (
     Flag("ssl_config_file", REFUSED, False, "not supported yet: give the PEM files with --tls-cert-file, "
          "--tls-key-file and --tls-client-ca-file", refuses=_nonempty),
     Flag("grpc_socket_path", REFUSED, False, "gRPC over a UNIX socket is not served", refuses=_nonempty),
-    Flag("use_alts_credentials", REFUSED, True, "ALTS is not supported; use TLS (--tls-cert-file)", refuses=_true),
+    Flag("use_alts_credentials", REFUSED, True, "ALTS is not supported; use TLS (--tls-cert-file)", refuses=_switch),
     Flag("platform_config_file", REFUSED, False, "only TensorFlow SavedModels are served, configured by flags",
          refuses=_nonempty),
     Flag("tensorflow_session_config_file", REFUSED, False, "TensorFlow's threads are set with "
@@ -160,7 +156,7 @@ FLAGS = {f.name: f for f in (
     Flag("saved_model_tags", REFUSED, False, "the 'serve' MetaGraph is loaded", refuses=_not_serve),
     Flag("thread_pool_factory_config_file", REFUSED, False, "no custom thread pools", refuses=_nonempty),
     Flag("mixed_precision", REFUSED, False, "models run as exported", refuses=_nonempty),
-    Flag("xla_gpu_compilation_enabled", REFUSED, True, "XLA:GPU JIT is not switched on here", refuses=_true),
+    Flag("xla_gpu_compilation_enabled", REFUSED, True, "XLA:GPU JIT is not switched on here", refuses=_switch),
 )}
 
 

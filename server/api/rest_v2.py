@@ -27,6 +27,7 @@ from server.api.admission import Call
 from server.api.control import ControlPlane, rest_credentials
 from server.api.recording import Recorder
 from server.api.rest_body import BodyDecoder, read_body
+from server.config import server_version
 from server.core.inference import infer
 from server.core.repository import Repository
 from server.core.servables import Registry, Servable
@@ -50,7 +51,7 @@ class V2Rest(rest.RestFrontEnd):
         self._max_body_bytes = max_body_bytes
         self._decoder = decoder
         self._ready = ready
-        self._metadata = {"name": v2_model.SERVER_NAME, "version": v2_model.server_version(),
+        self._metadata = {"name": v2_model.SERVER_NAME, "version": server_version(),
                           "extensions": triton_model.EXTENSIONS}
 
     def routes(self) -> list[web.RouteDef]:

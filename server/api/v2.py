@@ -21,6 +21,7 @@ from server.api.admission import Admission, Call, ConcurrencyLimit, add_limited_
 from server.api.control import ControlPlane, grpc_credentials
 from server.api.recording import Recorder
 from server.api.status import parse
+from server.config import server_version
 from server.core.inference import infer
 from server.core.repository import Repository
 from server.core.servables import Registry, Servable
@@ -40,7 +41,7 @@ class V2Servicer(Admission):
         self._ready = ready
         self._repository = repository
         self._control = control
-        self._metadata = pb.ServerMetadataResponse(name=v2_model.SERVER_NAME, version=v2_model.server_version(),
+        self._metadata = pb.ServerMetadataResponse(name=v2_model.SERVER_NAME, version=server_version(),
                                                    extensions=triton_model.EXTENSIONS[1:])
 
     async def server_live(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:

@@ -3,7 +3,6 @@ versions as the protocol's strings, the signature a request addresses, and model
 
 from __future__ import annotations
 
-import importlib.metadata
 from typing import Any
 
 from server.api import v2_codec
@@ -15,13 +14,6 @@ from server.limits import MAX_VERSION, ascii_int64
 SERVER_NAME = "mirrorserve"
 PLATFORM = "tensorflow_savedmodel"
 SIGNATURE_PARAMETER = "signature_name"
-
-
-def server_version() -> str:
-    try:
-        return importlib.metadata.version(SERVER_NAME)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def parse_version(text: str, where: str) -> int | None:
