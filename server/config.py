@@ -102,6 +102,11 @@ class Settings:
     grpc_max_concurrent_streams: int
     """HTTP/2 streams one client connection may have open at once; with grpc's overload protection,
     streams a client resets still count until freed, which is what stops a rapid-reset flood."""
+    grpc_max_pending_rpcs: int
+    """Calls grpc holds that the server has not yet picked up (grpc.server.max_pending_requests);
+    grpc cancels more (CANCELLED), a growing share up to twice this and all beyond. 0 (the default)
+    is 4 x max_concurrent_rpcs, so that a burst of several times the limit reaches the server's own
+    refusal, RESOURCE_EXHAUSTED, which clients know to retry later."""
     enable_model_management: bool
     """Whether calls that change the served models (HandleReloadConfigRequest) are allowed at all;
     off by default, when they are PERMISSION_DENIED."""
@@ -282,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-max-concurrent-streams", type=_positive_int, default=256,
                    help="HTTP/2 streams one gRPC connection may have open at once; streams a client resets "
                         "count until freed, which throttles a rapid-reset flood (default 256)")
+    p.add_argument("--grpc-max-pending-rpcs", type=_non_negative_int, default=0, metavar="N",
+                   help="calls grpc queues before the server picks them up; grpc cancels more (CANCELLED), "
+                        "some up to 2N and all beyond (default 0: 4 x --max-concurrent-rpcs)")
     p.add_argument("--enable-model-management", action="store_true", default=False,
                    help="allow calls that change the served models (ModelService/HandleReloadConfigRequest); "
                         "each must carry a token of --admin-token-file, or come over mutual TLS (default: off, "

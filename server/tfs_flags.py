@@ -67,6 +67,7 @@ GRPC_ARGUMENTS = {
     "grpc.max_connection_age_ms": "--grpc-max-connection-age-ms",
     "grpc.max_connection_age_grace_ms": "--grpc-max-connection-age-grace-ms",
     "grpc.max_concurrent_streams": "--grpc-max-concurrent-streams",
+    "grpc.server.max_pending_requests": "--grpc-max-pending-rpcs",
     "grpc.max_receive_message_length": "--max-message-bytes",
 }
 

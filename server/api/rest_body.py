@@ -2,9 +2,9 @@
 
 - **Size.** The body is refused (413) once it is over the limit: before reading it when its
   declared length says so, else as soon as the bytes read, or the bytes they decompress to, pass
-  the limit (for gzip, at once when its trailer states a larger size). The rest is never read:
-  aiohttp is told not to linger over a body the handler did not read, so it closes the
-  connection after the answer.
+  the limit (for gzip, at once when its trailer states a larger size). The rest is not kept:
+  after the answer aiohttp reads and drops it, for a few seconds at most (server.api.rest's
+  LINGER_S), never decompressed, and closes the connection.
 - **Encodings.** aiohttp's own decompression is off; gzip and deflate are decompressed here, once
   the whole compressed body is in, a bounded piece at a time (a megabyte of gzip can hold a
   gigabyte), on one thread of lower

@@ -63,7 +63,10 @@ def attack_server(security_models: Path, tmp_path_factory: pytest.TempPathFactor
     """The server every attack but the control plane's aims at: default limits, management off."""
     folder = tmp_path_factory.mktemp("attack")
     config = config_file(folder / "models.config", {"str": security_models / "str", "demo": security_models / "demo"})
+    # grpc's queue of calls not yet picked up holds test_refusals' burst of 1,500 (the default,
+    # 4 x 256, would cancel part of it), so the whole burst meets the server's own refusal.
     server = start_server(["--model-config-file", str(config), "--max-concurrent-rpcs", "256",
+                           "--grpc-max-pending-rpcs", "2048",
                            "--drain-delay-s", "0", *LOOPBACK], folder / "server.log")
     yield server
     server.stop()

@@ -1,5 +1,7 @@
 """Refusals say what they are and are counted: a burst over --max-concurrent-rpcs is
-RESOURCE_EXHAUSTED (it came back CANCELLED), REST's 429 and gRPC's refusals appear in
+RESOURCE_EXHAUSTED (it came back CANCELLED: from grpc's maximum_concurrent_rpcs once, then from
+grpc's queue of calls not yet picked up, which --grpc-max-pending-rpcs now sizes above the burst),
+REST's 429 and gRPC's refusals appear in
 mirrorserve_requests_total, and malformed versions and URLs are 400 / INVALID_ARGUMENT, logged as
 refusals without a traceback."""
 

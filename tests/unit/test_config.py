@@ -67,6 +67,7 @@ def test_all_flags() -> None:
         "--grpc-max-connection-age-ms", "60000", "--grpc-max-connection-age-grace-ms", "5000",
         "--max-inflight-batches", "1", "--event-loop", "asyncio", "--batching_parameters_file", "/etc/batching",
         "--grpc-bind-address", "127.0.0.1", "--rest-bind-address", "::1", "--grpc-max-concurrent-streams", "64",
+        "--grpc-max-pending-rpcs", "300",
         "--enable-model-management", "--admin-token-file", "/etc/tokens", "--model-root", "/m", "--model-root", "/n",
     )
     assert s == Settings(
@@ -80,6 +81,7 @@ def test_all_flags() -> None:
         grpc_max_connection_age_ms=60_000, grpc_max_connection_age_grace_ms=5_000,
         max_inflight_batches=1, intra_op_threads=0, inter_op_threads=0, event_loop="asyncio",
         grpc_bind_address="127.0.0.1", rest_bind_address="::1", grpc_max_concurrent_streams=64,
+        grpc_max_pending_rpcs=300,
         enable_model_management=True, admin_token_file="/etc/tokens", model_roots=("/m", "/n"),
         rest_api_timeout_ms=0.0, monitoring_config_file=None,
     )
@@ -259,6 +261,7 @@ def test_model_management_is_off_by_default_and_on_needs_a_credential(capsys: py
     s = parse()
     assert (s.enable_model_management, s.admin_token_file, s.model_roots) == (False, None, ())
     assert (s.grpc_bind_address, s.rest_bind_address, s.grpc_max_concurrent_streams) == ("", "", 256)
+    assert s.grpc_max_pending_rpcs == 0
     with pytest.raises(SystemExit):
         parse("--enable-model-management")
     assert "needs a credential: --admin-token-file, or mutual TLS" in capsys.readouterr().err
@@ -280,3 +283,14 @@ def test_switches_and_repeatable_flags_from_the_environment(capsys: pytest.Captu
     with pytest.raises(SystemExit):
         parse(MIRRORSERVE_ENABLE_MODEL_MANAGEMENT="maybe")
     assert "MIRRORSERVE_ENABLE_MODEL_MANAGEMENT='maybe': must be one of 1, true" in capsys.readouterr().err
+
+
+def test_grpc_pending_queue_is_sized_from_the_concurrency_limit() -> None:
+    from server.main import _grpc_options
+
+    options = dict(_grpc_options(parse("--max-concurrent-rpcs", "256")))
+    assert (options["grpc.server.max_pending_requests"],
+            options["grpc.server.max_pending_requests_hard_limit"]) == (1024, 2048)
+    options = dict(_grpc_options(parse("--grpc-max-pending-rpcs", "5000")))
+    assert (options["grpc.server.max_pending_requests"],
+            options["grpc.server.max_pending_requests_hard_limit"]) == (5000, 10000)
