@@ -46,6 +46,7 @@ from server.core.repository import Repository, repository_sources
 from server.core.servables import Registry
 
 log = logging.getLogger("server")
+from server.grpc_options import grpc_options
 
 
 def _server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
@@ -71,34 +72,6 @@ def _rest_ssl_context(settings: Settings) -> ssl.SSLContext | None:
         context.load_verify_locations(settings.tls_client_ca_file)
         context.verify_mode = ssl.CERT_REQUIRED
     return context
-
-
-def _grpc_options(settings: Settings) -> list[tuple[str, int]]:
-    pending = settings.grpc_max_pending_rpcs or 4 * settings.max_concurrent_rpcs
-    options = [
-        ("grpc.max_receive_message_length", settings.max_message_bytes),
-        ("grpc.max_send_message_length", settings.max_message_bytes),
-        # HTTP/2 rapid reset: with a stream limit, grpc's overload protection (on by default)
-        # counts a stream the client reset until it is freed, so one connection's flood of
-        # HEADERS + RST_STREAM cannot fill the queue of calls every connection shares. Measured
-        # (tests/security/test_http2.py): without the limit another client's calls were CANCELLED
-        # (86% OK, p99 247 ms); with it, 100% OK (p99 42 ms: each reset stream still costs the
-        # loop about 75 us, and grpc has no reset-rate limit that would close the connection).
-        ("grpc.max_concurrent_streams", settings.grpc_max_concurrent_streams),
-        ("grpc.http.overload_protection", 1),
-        # Calls grpc has accepted but our loop has not yet picked up wait in grpc's own queue,
-        # which cancels (CANCELLED) what does not fit: with its default (1,000) a burst of 1,500
-        # calls had 3-60 of them CANCELLED, even on a bare grpc.aio server. A queue a few times
-        # the concurrency limit lets the burst reach our refusal (RESOURCE_EXHAUSTED) instead.
-        ("grpc.server.max_pending_requests", pending),
-        ("grpc.server.max_pending_requests_hard_limit", 2 * pending),
-    ]
-    if settings.grpc_max_connection_age_ms:
-        options += [
-            ("grpc.max_connection_age_ms", settings.grpc_max_connection_age_ms),
-            ("grpc.max_connection_age_grace_ms", settings.grpc_max_connection_age_grace_ms),
-        ]
-    return options
 
 
 async def serve(settings: Settings) -> int:
@@ -143,7 +116,7 @@ async def serve(settings: Settings) -> int:
     v2_rest = rest_v2.V2Rest(registry, settings.max_message_bytes, ready, decoder, repository, lambda: control,
                              rest_timeout_s)
     front_ends = (servicer, v2_servicer, tfs_rest, v2_rest)
-    server = grpc.aio.server(options=_grpc_options(settings))
+    server = grpc.aio.server(options=grpc_options(settings))
     tfs.add_to_server(servicer, server, limit)
     v2.add_to_server(v2_servicer, server, limit)
     credentials = _server_credentials(settings)

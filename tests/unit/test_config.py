@@ -286,11 +286,11 @@ def test_switches_and_repeatable_flags_from_the_environment(capsys: pytest.Captu
 
 
 def test_grpc_pending_queue_is_sized_from_the_concurrency_limit() -> None:
-    from server.main import _grpc_options
+    from server.grpc_options import grpc_options
 
-    options = dict(_grpc_options(parse("--max-concurrent-rpcs", "256")))
+    options = dict(grpc_options(parse("--max-concurrent-rpcs", "256")))
     assert (options["grpc.server.max_pending_requests"],
             options["grpc.server.max_pending_requests_hard_limit"]) == (1024, 2048)
-    options = dict(_grpc_options(parse("--grpc-max-pending-rpcs", "5000")))
+    options = dict(grpc_options(parse("--grpc-max-pending-rpcs", "5000")))
     assert (options["grpc.server.max_pending_requests"],
             options["grpc.server.max_pending_requests_hard_limit"]) == (5000, 10000)
