@@ -1,6 +1,7 @@
 """`python -m client predict`: call Predict once and print the outputs.
 `python -m client bench`: measure a server under closed-loop or open-loop load, over gRPC (TF
 Serving's Predict or the v2 ModelInfer) or REST.
+`python -m client warmup-from-log`: a warmup file from request logs (client/warmup_log.py).
 
 Inputs come from `.npy` files (`--input NAME=PATH`), or, for inputs not given, are made up at
 random from the model's metadata (`--rows` rows; unknown non-batch dimensions become 1).
@@ -13,11 +14,13 @@ import asyncio
 import dataclasses
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
-from client import bench, rest
+from client import bench, rest, warmup_log
 from client.api import DEFAULT_TIMEOUT_S, PredictClient, PredictError, Tls, build_predict_request
 from server.codec import numpy_dtype
 
@@ -59,6 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="return only this output; repeatable")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="deadline in seconds")
     _add_tls_args(p)
+
+    w = commands.add_parser("warmup-from-log", help="make a warmup file from request logs")
+    w.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="request log files (TFRecord)")
+    w.add_argument("--out", type=Path, required=True,
+                   help="the warmup file: VERSION_DIR/assets.extra/tf_serving_warmup_requests")
+    w.add_argument("--model", default=None, help="keep only this model's requests (default: all)")
+    w.add_argument("--max-records", type=int, default=warmup_log.MAX_RECORDS,
+                   help=f"records to keep, in log order (default {warmup_log.MAX_RECORDS}, TF Serving's maximum)")
 
     b = commands.add_parser("bench", help="measure throughput and latency under load")
     b.add_argument("--target", default="localhost:8500", help="HOST:PORT (default localhost:8500)")
@@ -199,4 +210,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return predict(args)
     if args.command == "bench":
         return run_bench(args)
+    if args.command == "warmup-from-log":
+        try:
+            written, read = warmup_log.warmup_from_logs(args.logs, args.out, args.model, args.max_records)
+        except (OSError, RuntimeError, ValueError, DecodeError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(f"wrote {written} requests (of {read} records read) to {args.out}")
+        return 0
     raise AssertionError(args.command)

@@ -121,6 +121,14 @@ class Settings:
     monitoring_config_file: str | None
     """TF Serving's MonitoringConfig text file: whether the REST port serves the metrics, and at
     which path; without it, /metrics and /monitoring/prometheus/metrics."""
+    model_warmup: bool = True
+    """Replay each version's warmup file (assets.extra/tf_serving_warmup_requests) before it serves."""
+    warmup_iterations: int = 1
+    """Times each warmup record is run (TF Serving's num_request_iterations_for_warmup)."""
+    request_log_file_bytes: int = 64 * 1024 * 1024
+    """A request log file is closed, and the next one opened, once it holds this many bytes."""
+    request_log_max_files: int = 16
+    """Request log files kept per model; older ones are deleted (disk use stays bounded)."""
     flag_warnings: tuple[str, ...] = ()
     """TF Serving flags accepted and ignored (server.tfs_flags), logged at start."""
 
@@ -308,6 +316,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TF Serving's MonitoringConfig text file (prometheus_config { enable path }): whether "
                         "the REST port serves the metrics, and where (default: /metrics and "
                         "/monitoring/prometheus/metrics)")
+    p.add_argument("--model-warmup", action=argparse.BooleanOptionalAction, default=True,
+                   help="replay each version's assets.extra/tf_serving_warmup_requests (TF Serving's warmup "
+                        "file) before it serves (default: on; --no-model-warmup skips them)")
+    p.add_argument("--warmup-iterations", type=_positive_int, default=1, metavar="N",
+                   help="times each warmup record is run (default 1)")
+    p.add_argument("--request-log-file-bytes", type=_positive_int, default=64 * 1024 * 1024, metavar="BYTES",
+                   help="size at which a request log file (a model's logging_config) is closed and the next "
+                        "opened (default 64 MiB)")
+    p.add_argument("--request-log-max-files", type=_positive_int, default=16, metavar="N",
+                   help="request log files kept per model; older ones are deleted (default 16)")
     p.add_argument("--version", action="version", version=f"mirrorserve {server_version()}",
                    help="print the version and exit")
     return p
@@ -333,7 +351,7 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 def _from_environment(action: argparse.Action, raw: str) -> object:
     """A flag's value from its environment variable: switches take true/false, repeatable flags a
     list separated like PATH."""
-    if isinstance(action, argparse._StoreTrueAction):
+    if isinstance(action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction)):
         if raw.strip().lower() not in _TRUE + _FALSE:
             raise ValueError(f"must be one of {', '.join(_TRUE + _FALSE[:-1])}")
         return raw.strip().lower() in _TRUE

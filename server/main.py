@@ -37,16 +37,18 @@ from server.api import rest, rest_tfs, rest_v2, tfs, tfs_model_service, v2
 from server.api.admission import ConcurrencyLimit
 from server.api.control import ControlPlane, default_roots, read_tokens
 from server.api.health import Health, add_health_and_reflection
+from server.api.request_log import RequestLogs
 from server.api.rest_body import BodyDecoder
+from server.api.warmup import Warmup
 from server.config import Settings, parse_settings
 from server.core import batching_policy, model_config
-from server.core.lifecycle import Lifecycle, check_base_paths
+from server.core.lifecycle import Lifecycle, check_sources
 from server.core.model_process import ModelProcess
 from server.core.repository import Repository, repository_sources
 from server.core.servables import Registry
+from server.grpc_options import grpc_options
 
 log = logging.getLogger("server")
-from server.grpc_options import grpc_options
 
 
 def _server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
@@ -102,7 +104,8 @@ async def serve(settings: Settings) -> int:
     await health.set_serving(False)
     limit = ConcurrencyLimit(settings.max_concurrent_rpcs)
     decoder = BodyDecoder()
-    servicer = tfs.PredictionServicer(registry, settings.max_message_bytes)
+    logs = RequestLogs(registry, settings.request_log_file_bytes, settings.request_log_max_files)
+    servicer = tfs.PredictionServicer(registry, settings.max_message_bytes, logs)
     announced = False
     # v2's ServerReady says what health says: every start-up model serves, and no drain has begun.
     def ready() -> bool:
@@ -112,7 +115,7 @@ async def serve(settings: Settings) -> int:
     repository = Repository(registry, lambda: lifecycle, settings.model_repository, settings.model_control_mode)
     v2_servicer = v2.V2Servicer(registry, settings.max_message_bytes, ready, repository, lambda: control)
     rest_timeout_s = settings.rest_api_timeout_ms / 1000 if settings.rest_api_timeout_ms > 0 else None
-    tfs_rest = rest_tfs.TfsRest(registry, settings.max_message_bytes, decoder, rest_timeout_s)
+    tfs_rest = rest_tfs.TfsRest(registry, settings.max_message_bytes, decoder, rest_timeout_s, logs)
     v2_rest = rest_v2.V2Rest(registry, settings.max_message_bytes, ready, decoder, repository, lambda: control,
                              rest_timeout_s)
     front_ends = (servicer, v2_servicer, tfs_rest, v2_rest)
@@ -210,7 +213,9 @@ async def serve(settings: Settings) -> int:
         log.info("model management is on: tokens=%d mutual_tls=%s model_roots=%s", len(tokens),
                  settings.tls_client_ca_file is not None, ",".join(control.roots))
     lifecycle = Lifecycle(settings, worker, registry, len(started.devices), batching, on_change=models_changed,
-                          may_serve_none=settings.model_repository is not None)
+                          may_serve_none=settings.model_repository is not None,
+                          warm_up=Warmup(settings.warmup_iterations, settings.max_message_bytes)
+                          if settings.model_warmup else None)
     tasks.append(loop.create_task(lifecycle.poll_versions(), name="poll-versions"))
     problems = await lifecycle.apply(sources)
     if problems:
@@ -242,6 +247,7 @@ async def serve(settings: Settings) -> int:
     await lifecycle.drain()
     worker.close()
     decoder.close()
+    await asyncio.to_thread(logs.close, 2.0)  # what is queued reaches the request logs
     accepted, answered = sum(f.accepted for f in front_ends), sum(f.answered for f in front_ends)
     log.log(logging.WARNING if accepted > answered else logging.INFO,
             "drained: accepted=%d answered=%d", accepted, answered)
@@ -266,7 +272,7 @@ def _configured_sources(settings: Settings) -> list[model_config.ModelSource] | 
         sources = model_config.shorthand(settings.model_base_path, settings.model_name)
     else:
         return None
-    check_base_paths(sources)
+    check_sources(sources)
     return sources
 
 

@@ -94,6 +94,18 @@ TRACES = Counter(
     "tf.function traces of the replica program; flat in steady state.", ["model", "version", "signature"],
 )
 
+REQUEST_LOG_RECORDS = Counter(
+    "mirrorserve_request_log_records_total", "Sampled requests written to the model's request log "
+    "(logging_config).", ["model"],
+)
+REQUEST_LOG_BYTES = Counter(
+    "mirrorserve_request_log_bytes_total", "Bytes written to the model's request log files.", ["model"],
+)
+REQUEST_LOG_DROPPED = Counter(
+    "mirrorserve_request_log_dropped_total", "Sampled requests not logged: queue_full (the writer was a "
+    "file's worth behind) or write_error (the file could not be written).", ["model", "reason"],
+)
+
 EVENT_LOOP_LAG = Histogram(
     "mirrorserve_event_loop_lag_seconds",
     "How late the event loop (gRPC, REST, batching) woke for a timer set 0.1 s ahead: time it could run "
@@ -124,6 +136,11 @@ TFS_RUNTIME_LATENCY = Histogram(
 TFS_QUEUING_LATENCY = Histogram(
     ":tensorflow:serving:batching_session:queuing_latency", "TF Serving's name: a request's wait for its batch, µs.",
     ["thread_pool_name"], buckets=TFS_QUEUE_BUCKETS_US,
+)
+TFS_WARMUP_LATENCY = Histogram(
+    ":tensorflow:serving:model_warmup_latency", "TF Serving's name: time to replay a version's warmup file, "
+    "µs, by model_path (the version's folder) and status (OK, or the failure's code).",
+    ["model_path", "status"], buckets=TFS_LATENCY_BUCKETS_US,
 )
 TFS_PROCESSED_BATCH_SIZE = Histogram(
     ":tensorflow:serving:batching_session:processed_batch_size", "TF Serving's name: the size of each executed "

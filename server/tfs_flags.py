@@ -116,8 +116,13 @@ FLAGS = {f.name: f for f in (
     Flag("grpc_max_threads", MAPPED, False, "--max-concurrent-rpcs: requests handled at once",
          _to("--max-concurrent-rpcs")),
     Flag("grpc_channel_arguments", MAPPED, False, "grpc.max_connection_age_ms, grpc.max_connection_age_grace_ms, "
-         "grpc.max_concurrent_streams and grpc.max_receive_message_length to their flags; others refused",
+         "grpc.max_concurrent_streams, grpc.server.max_pending_requests and grpc.max_receive_message_length to "
+         "their flags; others refused",
          _grpc_arguments),
+    Flag("enable_model_warmup", MAPPED, True, "--model-warmup / --no-model-warmup: replay each version's "
+         "assets.extra/tf_serving_warmup_requests before it serves",
+         lambda value: ["--model-warmup" if _switch(value) else "--no-model-warmup"]),
+    Flag("num_request_iterations_for_warmup", MAPPED, False, "--warmup-iterations", _to("--warmup-iterations")),
     Flag("version", MAPPED, True, "--version: print the version and exit",
          lambda value: ["--version"] if _switch(value) else []),
     Flag("rest_api_num_threads", IGNORED, False, "REST runs on the server's event loop, not a thread pool"),
@@ -133,9 +138,6 @@ FLAGS = {f.name: f for f in (
     Flag("flush_filesystem_caches", IGNORED, True, "nothing to flush"),
     Flag("tensorflow_session_parallelism", IGNORED, False, "use --tensorflow_intra_op_parallelism"),
     Flag("per_process_gpu_memory_fraction", IGNORED, False, "GPU memory is TensorFlow's default"),
-    Flag("enable_model_warmup", IGNORED, True, "warmup files are not replayed yet (the model worker warms each "
-         "signature up itself)"),
-    Flag("num_request_iterations_for_warmup", IGNORED, False, "warmup files are not replayed yet"),
     Flag("remove_unused_fields_from_bundle_metagraph", IGNORED, True, "signatures are read once at load"),
     Flag("prefer_tflite_model", IGNORED, True, "SavedModels only"),
     Flag("num_tflite_pools", IGNORED, False, "SavedModels only"),

@@ -17,9 +17,10 @@ from typing import Any
 from aiohttp import web
 from google.protobuf import json_format
 
-from server.api import request_timing, rest, tfs_json
+from server.api import request_log, request_timing, rest, tfs_json
 from server.api.admission import Call
 from server.api.recording import Recorder
+from server.api.request_log import RequestLogs
 from server.api.rest_body import BodyDecoder, read_body
 from server.api.tfs import signature_def_map
 from server.api.tfs_model_service import model_status
@@ -49,9 +50,10 @@ def _signature_def_json(servable: Servable) -> Any:
 
 class TfsRest(rest.RestFrontEnd):
     def __init__(self, registry: Registry, max_body_bytes: int, decoder: BodyDecoder,
-                 default_timeout_s: float | None = None) -> None:
+                 default_timeout_s: float | None = None, logs: RequestLogs | None = None) -> None:
         """`default_timeout_s`: a request's deadline when it sends none (--rest-api-timeout-ms)."""
         super().__init__(Recorder(registry, PROTOCOL), default_timeout_s)
+        self._logs = logs
         self._registry = registry
         self._max_body_bytes = max_body_bytes
         self._decoder = decoder
@@ -102,6 +104,10 @@ class TfsRest(rest.RestFrontEnd):
         result = await call.infer(infer(servable, signature, inputs or {}, (), deadline))
         response = rest.json_response(tfs_json.encode_outputs(result.outputs, row_format))
         response.headers[request_timing.SERVER_TIMING] = request_timing.server_timing(call.answered())
+        logger = None if self._logs is None else self._logs.sample(result.servable)
+        if logger is not None:
+            logger.put(request_log.predict_record_of_arrays(result.servable, result.signature, logger.rate,
+                                                            inputs or {}, result.outputs))
         return response
 
 

@@ -11,9 +11,10 @@ import grpc
 
 from protos.tensorflow_serving import get_model_metadata_pb2, model_pb2, predict_pb2, prediction_service_pb2
 from server import codec
-from server.api import request_timing
+from server.api import request_log, request_timing
 from server.api.admission import Admission, Call, ConcurrencyLimit, add_limited_handlers, deadline_of, grpc_call
 from server.api.recording import Recorder
+from server.api.request_log import RequestLogs
 from server.api.status import parse
 from server.core.inference import infer
 from server.core.servables import Registry, Servable
@@ -65,10 +66,11 @@ class PredictionServicer(Admission):
     calls are counted for the drain (server.api.admission).
     """
 
-    def __init__(self, registry: Registry, max_tensor_bytes: int) -> None:
+    def __init__(self, registry: Registry, max_tensor_bytes: int, logs: RequestLogs | None = None) -> None:
         super().__init__(Recorder(registry, PROTOCOL))
         self._registry = registry
         self._max_tensor_bytes = max_tensor_bytes
+        self._logs = logs
 
     @staticmethod
     def _model_spec(servable: Servable, signature: str) -> Any:
@@ -94,6 +96,9 @@ class PredictionServicer(Admission):
         for output, array in result.outputs.items():
             codec.fill_tensor_proto(response.outputs[output], array)
         context.set_trailing_metadata(request_timing.trailers(call.answered()))
+        logger = None if self._logs is None else self._logs.sample(result.servable)
+        if logger is not None:
+            logger.put(request_log.predict_record(result.servable, result.signature, logger.rate, request, response))
         return response
 
     @grpc_call("GetModelMetadata", drained=True)

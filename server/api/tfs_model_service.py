@@ -24,7 +24,7 @@ from server.api.control import ControlPlane, grpc_credentials
 from server.api.recording import Recorder
 from server.api.status import parse
 from server.api.tfs import PROTOCOL, version_choice
-from server.core.lifecycle import Lifecycle, check_base_paths
+from server.core.lifecycle import Lifecycle, check_sources
 from server.core.model_config import ConfigError, from_proto
 from server.core.servables import Registry
 from server.errors import InvalidInput, NotFound, ReloadIncomplete, Unavailable
@@ -80,7 +80,7 @@ class ModelServiceServicer(Admission):
             try:
                 sources = from_proto(request.config, "ReloadConfigRequest.config")
                 control.check_paths(sources)
-                check_base_paths(sources)
+                check_sources(sources)
             except ConfigError as exc:
                 raise InvalidInput(str(exc)) from None
             lifecycle = self._lifecycle()

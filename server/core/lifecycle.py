@@ -24,8 +24,9 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import time
-from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -77,10 +78,20 @@ def _fields(model: str, version: int) -> dict[str, object]:
     return {"model": model, "version": version}
 
 
-def check_base_paths(sources: Sequence[ModelSource]) -> None:
+def check_sources(sources: Sequence[ModelSource]) -> None:
+    """What a config can only be checked against on disk: each base path is a folder, and each
+    request log's folder (its filename_prefix's) is one this process can write files in."""
     for source in sources:
         if not Path(source.base_path).is_dir():
             raise ConfigError(f"model '{source.name}': base path {source.base_path} is not a folder")
+        if source.logging is not None:
+            folder = Path(source.logging.filename_prefix).parent
+            if not folder.is_dir():
+                raise ConfigError(f"model '{source.name}': request log folder {folder} (of filename_prefix "
+                                  f"{source.logging.filename_prefix}) is not a folder")
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise ConfigError(f"model '{source.name}': request log folder {folder} (of filename_prefix "
+                                  f"{source.logging.filename_prefix}) cannot be written by this process")
 
 
 class Worker(Protocol):
@@ -102,12 +113,19 @@ class Worker(Protocol):
         """False once the worker is gone (health then says NOT_SERVING)."""
 
 
+WarmUp = Callable[[Servable], Awaitable[object]]
+"""Run on a loaded version before it serves; LoadError fails its load."""
+
+
 class Lifecycle:
     def __init__(self, settings: Settings, worker: Worker, registry: Registry, devices: int,
                  batching: BatchingPolicy, *, on_change: Callable[[], None] = lambda: None,
-                 may_serve_none: bool = False) -> None:
-        """`may_serve_none`: ready with no model configured (a repository in explicit mode)."""
+                 may_serve_none: bool = False, warm_up: WarmUp | None = None) -> None:
+        """`may_serve_none`: ready with no model configured (a repository in explicit mode).
+        `warm_up`: run on each loaded version before it turns AVAILABLE, its requests through the
+        version's own batcher (server.api.warmup: its warmup file); a LoadError fails the load."""
         self._settings = settings
+        self._warm_up = warm_up
         self._batching = batching
         self._worker = worker
         self._registry = registry
@@ -182,7 +200,7 @@ class Lifecycle:
             seen = text
             try:
                 sources = read_config_file(path)
-                check_base_paths(sources)
+                check_sources(sources)
             except ConfigError as exc:
                 log.error("model config file changed but is not valid, keeping the current config: %s", exc)
                 continue
@@ -255,25 +273,26 @@ class Lifecycle:
             loaded = await self._worker.load(servable.id, name, version, path, policy.warm_up_sizes(),
                                              policy.max_inflight_batches)
         except (LoadError, Unavailable) as exc:
-            code = exc.code if isinstance(exc, LoadError) else UNAVAILABLE_CODE
-            servable.state = State.END
-            servable.error = (code, str(exc))
-            servable.failures += 1
-            delay = retry_delay(servable.failures)
-            servable.retry_at = time.monotonic() + delay
-            metrics.MODEL_LOAD_FAILURES.labels(*labels).inc()
-            metrics.forget_version(*labels)
-            metrics.MODEL_READY.labels(*labels).set(0)  # kept: alerts see a model with no ready version
-            log.error("model=%s version=%d failed to load (attempt %d; retrying in %gs while it is aspired): %s",
-                      name, version, servable.failures, delay, exc, extra=fields)
-            self._on_change()
+            self._load_failed(servable, exc)
             return
         info = loaded.info
         await self._warm_batch_path(servable.id, info, policy.max_inflight_batches)
         servable.signature_defs = loaded.signature_defs
         servable.batching = policy
-        servable.predictor = Predictor(info, self._batcher_for(servable, policy))
+        servable.predictor = predictor = Predictor(info, self._batcher_for(servable, policy))
         self._by_id[servable.id] = servable
+        if self._warm_up is not None:
+            try:
+                await self._warm_up(servable)
+            except (LoadError, Unavailable) as exc:
+                await predictor.batcher.drain()
+                with contextlib.suppress(Unavailable):
+                    await self._worker.unload(servable.id)
+                servable.predictor = None
+                servable.signature_defs = {}
+                self._by_id.pop(servable.id, None)
+                self._load_failed(servable, exc)
+                return
         servable.state = State.AVAILABLE
         model.refresh()
         metrics.MODEL_READY.labels(*labels).set(1)
@@ -282,6 +301,22 @@ class Lifecycle:
         served = sorted(set(info.signatures) - set(info.unservable))
         log.info("available model=%s version=%d signatures=%s seconds=%.2f",
                  name, version, ",".join(served), time.monotonic() - started, extra=fields)
+        self._on_change()
+
+    def _load_failed(self, servable: Servable, exc: LoadError | Unavailable) -> None:
+        """A load (or its warm-up) failed: END with the error, retried later while aspired."""
+        labels = (servable.name, str(servable.version))
+        servable.state = State.END
+        servable.error = (exc.code if isinstance(exc, LoadError) else UNAVAILABLE_CODE, str(exc))
+        servable.failures += 1
+        delay = retry_delay(servable.failures)
+        servable.retry_at = time.monotonic() + delay
+        metrics.MODEL_LOAD_FAILURES.labels(*labels).inc()
+        metrics.forget_version(*labels)
+        metrics.MODEL_READY.labels(*labels).set(0)  # kept: alerts see a model with no ready version
+        log.error("model=%s version=%d failed to load (attempt %d; retrying in %gs while it is aspired): %s",
+                  servable.name, servable.version, servable.failures, delay, exc,
+                  extra=_fields(servable.name, servable.version))
         self._on_change()
 
     async def _warm_batch_path(self, servable_id: int, info: ModelInfo, inflight: int) -> None:

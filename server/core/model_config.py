@@ -59,6 +59,19 @@ model's own sizes come whole (see batching_policy), so only the fields themselve
 
 
 @dataclass(frozen=True)
+class RequestLogging:
+    """A model's logging_config: a share of its requests, with their responses, written to
+    TFRecord files named from filename_prefix (server.api.request_log)."""
+
+    filename_prefix: str
+    sampling_rate: float
+
+
+LOG_COLLECTORS = ("file",)
+"""log_collector_config.type values served: TFRecord files of PredictionLogs."""
+
+
+@dataclass(frozen=True)
 class ModelSource:
     """One configured model: its name, where its versions live, and which of them to serve."""
 
@@ -68,6 +81,7 @@ class ModelSource:
     labels: Mapping[str, int] = field(default_factory=dict)
     batching: session_bundle_config_pb2.BatchingParameters | None = None
     """This model's own batching fields (our `batching_parameters` extension), over the server's."""
+    logging: RequestLogging | None = None
 
 
 def shorthand(base_path: str, name: str) -> list[ModelSource]:
@@ -145,7 +159,29 @@ def _source(model: model_server_config_pb2.ModelConfig, at: str) -> ModelSource:
             batching_policy.apply(CHECK_BASE, batching)
         except ValueError as exc:
             raise ConfigError(f"{at}: model '{model.name}' batching_parameters: {exc}") from None
-    return ModelSource(name=model.name, base_path=model.base_path, policy=policy, labels=labels, batching=batching)
+    return ModelSource(name=model.name, base_path=model.base_path, policy=policy, labels=labels, batching=batching,
+                       logging=_logging(model, at))
+
+
+def _logging(model: model_server_config_pb2.ModelConfig, at: str) -> RequestLogging | None:
+    if not model.HasField("logging_config"):
+        return None
+    config = model.logging_config
+    where = f"{at}: model '{model.name}' logging_config"
+    collector = config.log_collector_config
+    if collector.type not in LOG_COLLECTORS:
+        raise ConfigError(f"{where}: log_collector_config type '{collector.type}' is not supported; "
+                          f"supported: {', '.join(LOG_COLLECTORS)}")
+    if not collector.filename_prefix:
+        raise ConfigError(f"{where}: log_collector_config has no filename_prefix")
+    if config.HasField("custom_logging_config"):
+        raise ConfigError(f"{where}: custom_logging_config is not supported")
+    sampling = config.sampling_config
+    if sampling.per_task_sampling_configs:
+        raise ConfigError(f"{where}: per_task_sampling_configs are not supported; use sampling_rate")
+    if not 0.0 <= sampling.sampling_rate <= 1.0:
+        raise ConfigError(f"{where}: sampling_rate {sampling.sampling_rate:g} is not between 0 and 1")
+    return RequestLogging(collector.filename_prefix, sampling.sampling_rate)
 
 
 def _policy(model: model_server_config_pb2.ModelConfig, at: str) -> VersionPolicy:

@@ -6,6 +6,7 @@ Each is tiny and deterministic, made to expose one property of the server:
 - logic: boolean inputs and outputs.
 - tagged: answers with its own version number: which version served a request (lifecycle).
 - batch_rows: answers each row with the number of rows of the batch it ran in (padding, splits).
+- convolution: images of any size, XLA-compiled per shape on first use (warmup files).
 """
 
 from __future__ import annotations
@@ -136,4 +137,29 @@ class BatchRows(tf.Module):
 
 def build_batch_rows(version_dir: Path) -> None:
     module = BatchRows()
+    tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.serve})
+
+
+class Convolution(tf.Module):
+    """Two 3x3 convolutions over images of any size, pooled to 16 features per image, compiled by
+    XLA (jit_compile): its first call at each new shape compiles for that shape, the kind of cost
+    a warmup file exists to take off the first real request. The worker's own warm-up runs 1x1
+    images, so only a warmup file of the real size covers it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        rng = tf.random.Generator.from_seed(7)
+        self.k1 = tf.Variable(rng.normal([3, 3, 3, 16]) * 0.1, name="k1")
+        self.k2 = tf.Variable(rng.normal([3, 3, 16, 16]) * 0.1, name="k2")
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None, None, 3], tf.float32, name="image")],
+                 jit_compile=True)
+    def serve(self, image: tf.Tensor) -> dict[str, tf.Tensor]:
+        h = tf.nn.relu(tf.nn.conv2d(image, self.k1, 1, "SAME"))
+        h = tf.nn.relu(tf.nn.conv2d(h, self.k2, 1, "SAME"))
+        return {"features": tf.reduce_mean(h, axis=[1, 2])}
+
+
+def build_convolution(version_dir: Path) -> None:
+    module = Convolution()
     tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.serve})

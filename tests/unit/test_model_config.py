@@ -10,6 +10,7 @@ from protos.tensorflow_serving import model_server_config_pb2
 from server.core.model_config import (
     ConfigError,
     ModelSource,
+    RequestLogging,
     VersionPolicy,
     from_proto,
     parse_config_text,
@@ -59,12 +60,32 @@ def test_a_tf_serving_file_with_logging_config_and_comments_parses() -> None:
     model_config_list: {
       config: {
         name: 'm', base_path: '/m', model_type: TENSORFLOW,
-        logging_config { sampling_config { sampling_rate: 0.1 } }
+        logging_config { log_collector_config { type: "file" filename_prefix: "/logs/m" }
+                         sampling_config { sampling_rate: 0.1 } }
         model_version_policy: { latest: {} }
       }
     }"""
     (m,) = parse_config_text(text)
     assert m.policy == VersionPolicy("latest", 1)  # latest {} means the one highest, as in TF Serving
+    assert m.logging == RequestLogging("/logs/m", 0.1)
+
+
+@pytest.mark.parametrize(("block", "expected"), [
+    ("logging_config { sampling_config { sampling_rate: 0.1 } }",
+     "<config>:1: model 'm' logging_config: log_collector_config type '' is not supported; supported: file"),
+    ('logging_config { log_collector_config { type: "file" } }', "log_collector_config has no filename_prefix"),
+    ('logging_config { log_collector_config { type: "file" filename_prefix: "/l" } '
+     'sampling_config { sampling_rate: -0.5 } }', "sampling_rate -0.5 is not between 0 and 1"),
+    ('logging_config { log_collector_config { type: "file" filename_prefix: "/l" } '
+     'sampling_config { per_task_sampling_configs { dc: "x" sampling_rate: 1 } } }',
+     "per_task_sampling_configs are not supported; use sampling_rate"),
+    ('logging_config { log_collector_config { type: "file" filename_prefix: "/l" } '
+     'custom_logging_config { type_url: "x" } }', "custom_logging_config is not supported"),
+])
+def test_bad_logging_configs_are_named(block: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config_text(f'model_config_list {{ config {{ name: "m" base_path: "/m" {block} }} }}')
+    assert expected in str(caught.value)
 
 
 @pytest.mark.parametrize(("on_disk", "policy", "aspired"), [

@@ -1,0 +1,52 @@
+"""`python -m client warmup-from-log LOG... --out DIR/assets.extra/tf_serving_warmup_requests`:
+turn captured traffic (the server's request logs, server.api.request_log) into a TF Serving warmup
+file, which the server (and TF Serving) replays before a version serves.
+
+Keeps the Predict requests (responses and metadata dropped: warmup only sends requests), of one
+model with --model, up to --max-records (TF Serving replays at most 1,000; a file with more fails
+the load), in the order of the logs given. The file is written beside its final name and renamed
+into place, so a server polling the folder never sees half of it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from tfrecord_slow.reader import TfrecordReader
+from tfrecord_slow.writer import TfrecordWriter
+
+from protos.tensorflow_serving import prediction_log_pb2
+
+MAX_RECORDS = 1000
+
+
+def warmup_from_logs(logs: Sequence[Path], out: Path, model: str | None = None,
+                     max_records: int = MAX_RECORDS) -> tuple[int, int]:
+    """Write the warmup file; (records written, records read)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    written = read = 0
+    # errstate: the library masks CRCs in numpy uint32s, which wrap (as they should) with a warning.
+    with np.errstate(over="ignore"), TfrecordWriter.create(str(partial)) as writer:
+        for path in logs:
+            with TfrecordReader.open(str(path), check_integrity=True) as reader:
+                for raw in reader:
+                    read += 1
+                    record = prediction_log_pb2.PredictionLog.FromString(bytes(raw))
+                    if record.WhichOneof("log_type") != "predict_log":
+                        continue
+                    if model is not None and record.log_metadata.model_spec.name != model:
+                        continue
+                    warmup = prediction_log_pb2.PredictionLog()
+                    warmup.predict_log.request.CopyFrom(record.predict_log.request)
+                    writer.write(warmup.SerializeToString())
+                    written += 1
+                    if written == max_records:
+                        break
+            if written == max_records:
+                break
+    os.replace(partial, out)
+    return written, read

@@ -1,0 +1,145 @@
+"""TensorFlow Serving's warmup files: before a version turns AVAILABLE, the requests in its
+`assets.extra/tf_serving_warmup_requests` are run through the same decode -> `infer` path, batcher
+and model worker as real ones, so that what a model sets up on its first calls (tracing, kernels,
+allocations for real shapes) is paid before clients arrive.
+
+As in TF Serving: the file is a TFRecord file of `PredictionLog`s, read whole before the first
+request runs; more than MAX_RECORDS records fail the load, so do a corrupt file and a record that
+fails; each record runs `iterations` times (--num_request_iterations_for_warmup); the model spec
+in a record is ignored (the version being loaded answers); no file is no warmup. Unlike TF Serving,
+records of kinds this server does not serve (classify, regress, multi-inference, session run,
+streamed predict) are skipped and counted in the log line instead of failing the load.
+
+A failure is a LoadError naming the file and the record, so the lifecycle fails that version's
+load like a corrupt SavedModel: versions already serving go on serving. TFRecord framing and its
+CRC32C checks are the tfrecord-slow and crc32c packages'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import numpy as np
+from google.protobuf.message import DecodeError
+from tfrecord_slow.reader import TfrecordReader
+
+from protos.tensorflow_serving import prediction_log_pb2
+from server import codec, metrics
+from server.api.status import STATUS_FOR
+from server.core.inference import infer
+from server.core.model_process import LoadError
+from server.core.servables import Servable
+from server.errors import ServingError
+
+log = logging.getLogger("server.api.warmup")
+
+WARMUP_FILE = Path("assets.extra") / "tf_serving_warmup_requests"
+MAX_RECORDS = 1000
+"""TF Serving's WarmupConsts::kMaxNumRecords."""
+INVALID_ARGUMENT, INTERNAL, DATA_LOSS = 3, 13, 15
+
+
+@dataclass
+class Replayed:
+    """What a warmup ran: its records, the requests it sent, what it skipped, by kind."""
+
+    path: Path
+    records: int = 0
+    requests: int = 0
+    skipped: collections.Counter[str] = field(default_factory=collections.Counter)
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        skipped = ", ".join(f"{n} {kind}" for kind, n in sorted(self.skipped.items()))
+        return (f"{self.records} records, {self.requests} requests in {self.seconds:.2f} s"
+                + (f"; skipped (not served here): {skipped}" if skipped else ""))
+
+
+def read_records(path: Path, limit: int = MAX_RECORDS) -> list[bytes]:
+    """The file's records, each checked against its CRC32C; LoadError DATA_LOSS for a corrupt or
+    truncated file, INVALID_ARGUMENT for more than `limit` records (both TF Serving's codes)."""
+    records: list[bytes] = []
+    try:
+        # errstate: the library masks CRCs in numpy uint32s, which wrap (as they should) with a warning.
+        with np.errstate(over="ignore"), TfrecordReader.open(str(path), check_integrity=True) as reader:
+            for record in reader:
+                if len(records) == limit:
+                    raise LoadError(INVALID_ARGUMENT, f"Number of warmup records exceeds the maximum ({limit}) "
+                                                      f"at {path}")
+                records.append(bytes(record))
+    except (RuntimeError, MemoryError, OverflowError) as exc:
+        raise LoadError(DATA_LOSS, f"{path}: record {len(records)} cannot be read ({exc}); "
+                                   f"is the warmup file in TFRecord format?") from None
+    except OSError as exc:
+        raise LoadError(DATA_LOSS, f"cannot read warmup file {path}: {exc.strerror or exc}") from None
+    return records
+
+
+def _failure(exc: Exception) -> tuple[int, str]:
+    """A failed warmup request's code and message (the model's own error text included: this goes
+    to the operator's log and the version's status, not to a client)."""
+    if isinstance(exc, ServingError) and type(exc) in STATUS_FOR:
+        return STATUS_FOR[type(exc)].value[0], str(exc) or type(exc).__name__
+    log.error("warmup request failed unexpectedly", exc_info=exc)
+    return INTERNAL, f"{type(exc).__name__}: {exc}"
+
+
+class Warmup:
+    """The lifecycle's warm-up hook: replays a version's warmup file, if it has one."""
+
+    def __init__(self, iterations: int, max_tensor_bytes: int) -> None:
+        self._iterations = iterations
+        self._max_tensor_bytes = max_tensor_bytes
+
+    async def __call__(self, servable: Servable) -> Replayed | None:
+        path = Path(servable.path) / WARMUP_FILE
+        if not path.is_file():
+            return None
+        started = time.monotonic()
+        done = Replayed(path)
+        status = "OK"
+        try:
+            records = await asyncio.to_thread(read_records, path)
+            for index, raw in enumerate(records):
+                await self._replay(servable, path, index, raw, done)
+                done.records += 1
+        except LoadError as exc:
+            status = _code_name(exc.code)
+            raise
+        finally:
+            done.seconds = time.monotonic() - started
+            metrics.TFS_WARMUP_LATENCY.labels(servable.path, status).observe(done.seconds * 1e6)
+        log.info("warmed up model=%s version=%d from %s: %s", servable.name, servable.version, path,
+                 done.describe(), extra={"model": servable.name, "version": servable.version})
+        return done
+
+    async def _replay(self, servable: Servable, path: Path, index: int, raw: bytes, done: Replayed) -> None:
+        try:
+            record = prediction_log_pb2.PredictionLog.FromString(raw)
+        except DecodeError as exc:
+            raise LoadError(INVALID_ARGUMENT, f"{path}: record {index} is not a PredictionLog: {exc}") from None
+        kind = record.WhichOneof("log_type")
+        if kind != "predict_log":
+            done.skipped[kind or "empty"] += 1
+            return
+        request = record.predict_log.request
+        try:
+            inputs = {name: codec.to_ndarray(tensor, name=name, max_bytes=self._max_tensor_bytes)
+                      for name, tensor in request.inputs.items()}
+            for _ in range(self._iterations):
+                await infer(servable, request.model_spec.signature_name, inputs, request.output_filter, None)
+                done.requests += 1
+        except Exception as exc:  # any failure fails the load, named
+            code, message = _failure(exc)
+            raise LoadError(code, f"{path}: record {index} (predict_log) failed: {message}") from None
+
+
+def _code_name(code: int) -> str:
+    """A tensorflow.error.Code's name (the same numbers as gRPC's status codes)."""
+    return next((status.name for status in grpc.StatusCode if status.value[0] == code), str(code))
