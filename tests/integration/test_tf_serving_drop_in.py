@@ -6,6 +6,7 @@ Serving's own series are there under its names."""
 from __future__ import annotations
 
 import json
+import shutil
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -16,14 +17,18 @@ import pytest
 
 from tests.integration.conftest import ServerProcess, start_server
 from tests.integration.test_official_client import run_official
+from tests.integration.test_warmup import write_warmup
 
 MONITORING_PATH = "/tfs/metrics"
+WARMUP_PATH = "demo/1/assets.extra/tf_serving_warmup_requests"
 
 
 @pytest.fixture(scope="module")
 def tf_serving_server(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("drop-in")
-    base = model_dirs["demo"]
+    base = root / "demo"
+    shutil.copytree(model_dirs["demo"], base)
+    write_warmup(base / "1", {"a": {"x": np.zeros((1, 8), np.float32)}, "b": {"x": np.ones((3, 8), np.float32)}})
     (root / "models.config").write_text(
         f'model_config_list {{\n  config {{\n    name: "demo"\n    base_path: "{base}"\n'
         '    model_platform: "tensorflow"\n  }\n}\n')
@@ -35,7 +40,8 @@ def tf_serving_server(model_dirs: dict[str, Path], tmp_path_factory: pytest.Temp
         "--model_config_file_poll_wait_seconds=60", "--enable_batching=true",
         f"--batching_parameters_file={root / 'batching.config'}",
         f"--monitoring_config_file={root / 'monitoring.config'}",
-        "--tensorflow_intra_op_parallelism=2", "--enable_model_warmup=true", "--rest_api_timeout_in_ms=30000",
+        "--tensorflow_intra_op_parallelism=2", "--enable_model_warmup=true", "--num_request_iterations_for_warmup=2",
+        "--rest_api_timeout_in_ms=30000",
         "--drain-delay-s", "0"], root / "server.log")
     yield server
     assert server.stop() == 0, server.log()[-3000:]
@@ -57,7 +63,8 @@ def test_a_tf_serving_command_line_serves_the_official_client(tf_serving_server:
     assert all(outputs[f"r{i}/probabilities"].shape == (1, 3) for i in range(6))
     log = tf_serving_server.log()
     assert "max_batch_size=16" in log  # the batching parameters file applied
-    assert "--enable_model_warmup is accepted and ignored" in log
+    assert "warmed up model=demo version=1 from " in log
+    assert f"/{WARMUP_PATH}: 2 records, 4 requests in " in log  # --num_request_iterations_for_warmup=2
 
 
 def test_the_monitoring_config_places_the_metrics_and_tf_servings_series_are_there(
@@ -70,5 +77,6 @@ def test_the_monitoring_config_places_the_metrics_and_tf_servings_series_are_the
     for series in (':tensorflow:serving:request_latency_bucket{API="Predict",entrypoint="GRPC"',
                    ':tensorflow:serving:runtime_latency_count{API="Predict"',
                    ':tensorflow:serving:batching_session:queuing_latency_count{thread_pool_name="batch_threads"}',
-                   ":tensorflow:serving:batching_session:processed_batch_size_count"):
+                   ":tensorflow:serving:batching_session:processed_batch_size_count",
+                   ':tensorflow:serving:model_warmup_latency_count{model_path="'):
         assert series in page, series
