@@ -125,6 +125,8 @@ class Settings:
     """Replay each version's warmup file (assets.extra/tf_serving_warmup_requests) before it serves."""
     warmup_iterations: int = 1
     """Times each warmup record is run (TF Serving's num_request_iterations_for_warmup)."""
+    ssl_config_file: str | None = None
+    """TF Serving's SSLConfig text file (PEM texts inline): TLS on the gRPC port only, as in TF Serving."""
     request_log_file_bytes: int = 64 * 1024 * 1024
     """A request log file is closed, and the next one opened, once it holds this many bytes."""
     request_log_max_files: int = 16
@@ -134,6 +136,8 @@ class Settings:
 
     @property
     def tls_mode(self) -> str:
+        if self.ssl_config_file is not None:
+            return "grpc-only (--ssl-config-file)"
         if self.tls_cert_file is None:
             return "off"
         return "mutual" if self.tls_client_ca_file else "server"
@@ -321,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "file) before it serves (default: on; --no-model-warmup skips them)")
     p.add_argument("--warmup-iterations", type=_positive_int, default=1, metavar="N",
                    help="times each warmup record is run (default 1)")
+    p.add_argument("--ssl-config-file", default=None, metavar="FILE",
+                   help="TF Serving's SSLConfig text file (server_key, server_cert, custom_ca: PEM texts; "
+                        "client_verify): TLS on the gRPC port only, as in TF Serving")
     p.add_argument("--request-log-file-bytes", type=_positive_int, default=64 * 1024 * 1024, metavar="BYTES",
                    help="size at which a request log file (a model's logging_config) is closed and the next "
                         "opened (default 64 MiB)")
@@ -389,6 +396,8 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         parser.error("--tls-cert-file and --tls-key-file go together")
     if ns.tls_client_ca_file is not None and ns.tls_cert_file is None:
         parser.error("--tls-client-ca-file (mutual TLS) needs --tls-cert-file and --tls-key-file")
+    if ns.ssl_config_file is not None and ns.tls_cert_file is not None:
+        parser.error("--ssl-config-file (--ssl_config_file) and --tls-cert-file both set TLS; give one")
     if ns.drain_delay_s >= ns.grace_period_s:
         parser.error(f"--drain-delay-s ({ns.drain_delay_s}) must be shorter than --grace-period-s "
                      f"({ns.grace_period_s})")

@@ -47,11 +47,16 @@ from server.core.model_process import ModelProcess
 from server.core.repository import Repository, repository_sources
 from server.core.servables import Registry
 from server.grpc_options import grpc_options
+from server.ssl_config import read_ssl_config
 
 log = logging.getLogger("server")
 
 
 def _server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    if settings.ssl_config_file is not None:
+        ssl_config = read_ssl_config(settings.ssl_config_file)  # a bad file exits 2
+        return grpc.ssl_server_credentials([(ssl_config.key, ssl_config.cert)], root_certificates=ssl_config.client_ca,
+                                           require_client_auth=ssl_config.client_ca is not None)
     if settings.tls_cert_file is None or settings.tls_key_file is None:
         return None
     with open(settings.tls_key_file, "rb") as key, open(settings.tls_cert_file, "rb") as cert:

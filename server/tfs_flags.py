@@ -119,6 +119,8 @@ FLAGS = {f.name: f for f in (
          "grpc.max_concurrent_streams, grpc.server.max_pending_requests and grpc.max_receive_message_length to "
          "their flags; others refused",
          _grpc_arguments),
+    Flag("ssl_config_file", MAPPED, False, "--ssl-config-file: TLS on the gRPC port, the REST port plain, as in "
+         "TF Serving", lambda value: ["--ssl-config-file", value] if value.strip() else []),
     Flag("enable_model_warmup", MAPPED, True, "--model-warmup / --no-model-warmup: replay each version's "
          "assets.extra/tf_serving_warmup_requests before it serves",
          lambda value: ["--model-warmup" if _switch(value) else "--no-model-warmup"]),
@@ -148,8 +150,6 @@ FLAGS = {f.name: f for f in (
     Flag("skip_initialize_tpu", IGNORED, True, "no TPU support"),
     Flag("enable_grpc_healthcheck_service", IGNORED, True, "grpc.health.v1.Health is always served"),
     Flag("enable_serialization_as_tensor_content", IGNORED, True, "tensors are always packed in tensor_content"),
-    Flag("ssl_config_file", REFUSED, False, "not supported yet: give the PEM files with --tls-cert-file, "
-         "--tls-key-file and --tls-client-ca-file", refuses=_nonempty),
     Flag("grpc_socket_path", REFUSED, False, "gRPC over a UNIX socket is not served", refuses=_nonempty),
     Flag("use_alts_credentials", REFUSED, True, "ALTS is not supported; use TLS (--tls-cert-file)", refuses=_switch),
     Flag("platform_config_file", REFUSED, False, "only TensorFlow SavedModels are served, configured by flags",

@@ -165,12 +165,17 @@ def test_a_log_that_cannot_be_written_drops_records_and_requests_go_on(
         wait_until(lambda: server.metric("mirrorserve_request_log_records_total", model="demo") == 1)
         for file in logs.iterdir():
             file.unlink()
-        logs.rmdir()  # the next file cannot be created
-        for _ in range(20):
+        logs.rmdir()  # the open file takes a few more records; the next one cannot be created
+
+        def accounted() -> float:
+            return (server.metric("mirrorserve_request_log_records_total", model="demo")
+                    + server.metric("mirrorserve_request_log_dropped_total", model="demo", reason="write_error"))
+
+        for sent in range(2, 22):
             predict(request, timeout=30)
+            wait_until(lambda sent=sent: accounted() == sent)  # one at a time: never a file behind
         channel.close()
-        wait_until(lambda: server.metric("mirrorserve_request_log_dropped_total", model="demo",
-                                         reason="write_error") >= 15)
+        assert server.metric("mirrorserve_request_log_dropped_total", model="demo", reason="write_error") >= 15
         assert server.metric("mirrorserve_requests_total", model="demo", code="OK") == 21
         assert server.log().count("records are dropped until writing works again") == 1, "logged once, not per record"
     finally:

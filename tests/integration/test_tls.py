@@ -145,3 +145,53 @@ def test_mutual_tls(mtls_server: ServerProcess, certs: dict[str, str]) -> None:
     with urllib.request.urlopen(url, timeout=10, context=context) as response:
         assert response.status == 200
     assert mtls_server.process.poll() is None
+
+
+def ssl_config(path: Path, certs: dict[str, str], client_verify: bool) -> Path:
+    """TF Serving's --ssl_config_file: the PEM texts themselves, in an SSLConfig text file."""
+    def pem(name: str) -> str:
+        return Path(certs[name]).read_text().replace("\n", "\\n")
+
+    path.write_text(f'server_key: "{pem("server_key")}"\nserver_cert: "{pem("server_cert")}"\n'
+                    f'custom_ca: "{pem("ca")}"\nclient_verify: {str(client_verify).lower()}\n')
+    return path
+
+
+def test_tf_servings_ssl_config_file_secures_the_grpc_port_only(
+        model_dirs: dict[str, Path], certs: dict[str, str], tmp_path: Path) -> None:
+    config = ssl_config(tmp_path / "ssl.config", certs, client_verify=True)
+    server = start_server(["--model-base-path", str(model_dirs["echo"]), "--model-name", "echo",
+                           f"--ssl_config_file={config}", "--drain-delay-s", "0"], tmp_path / "server.log")
+    try:
+        target = f"localhost:{server.port}"
+        results = {
+            "no client certificate": outcome(target, Tls(ca_file=certs["ca"])),
+            "certificate signed by custom_ca": outcome(
+                target, Tls(ca_file=certs["ca"], cert_file=certs["client_cert"], key_file=certs["client_key"])),
+            "plaintext": outcome(target, None),
+        }
+        assert results == {"no client certificate": "UNAVAILABLE", "certificate signed by custom_ca": "OK",
+                           "plaintext": "UNAVAILABLE"}, results
+        assert "tls=grpc-only (--ssl-config-file)" in server.log()
+        # As in TF Serving, the REST port stays plain HTTP.
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.rest_port}/v1/models/echo", timeout=10) as response:
+            assert b'"AVAILABLE"' in response.read()
+    finally:
+        server.stop()
+
+
+def test_a_bad_ssl_config_file_stops_the_start(model_dirs: dict[str, Path], certs: dict[str, str],
+                                               tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.integration.conftest import ROOT
+
+    bad = tmp_path / "ssl.config"
+    bad.write_text(f'server_key: "{certs["server_key"]}"\nserver_cert: "{certs["server_cert"]}"\n')
+    done = subprocess.run([sys.executable, "-m", "server", "--port", "0", "--rest-api-port", "-1",
+                           "--model-base-path", str(model_dirs["echo"]), f"--ssl_config_file={bad}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert (f"--ssl_config_file {bad}: server_key must hold the PEM text itself (-----BEGIN ...), not a file name"
+            in done.stderr), done.stderr[-2000:]

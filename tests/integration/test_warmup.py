@@ -232,3 +232,24 @@ def test_a_failing_record_fails_the_new_version_naming_it(
     client.wait_for(4, AVAILABLE)
     client.wait_for(1, END)
     assert client.seconds() > 0
+
+
+def test_a_corrupt_warmup_file_at_start_is_named_while_the_server_waits(convolution: Path, tmp_path: Path) -> None:
+    """The only version's file is corrupt: the server listens, says it is not serving and why
+    (file and record), and keeps retrying, as for any version that fails to load."""
+    base = tmp_path / "conv"
+    base.mkdir()
+    version = add_version(base, 1, convolution, records={"a": {"image": image(1, 3)}})
+    warmup = version / WARMUP
+    warmup.write_bytes(warmup.read_bytes()[:-7])  # cut: the record's end is missing
+    server = start_server(["--model-base-path", str(base), "--model-name", "conv", "--drain-delay-s", "0"],
+                          tmp_path / "server.log", ready=False)
+    try:
+        deadline = time.monotonic() + 60
+        while "not serving yet" not in server.log():
+            assert time.monotonic() < deadline, server.log()
+            time.sleep(0.1)
+        assert f"not serving yet (health NOT_SERVING); retrying: 'conv': {warmup}: record 0 cannot be read" in (
+            server.log())
+    finally:
+        server.stop()

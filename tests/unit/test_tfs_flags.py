@@ -60,6 +60,10 @@ def test_a_command_line_from_tf_servings_documentation() -> None:
     (["--grpc_channel_arguments=grpc.max_connection_age_ms=2000,grpc.max_connection_age_grace_ms=500"],
      "grpc_max_connection_age_ms", 2000),
     (["--grpc_channel_arguments=grpc.max_receive_message_length=1048576"], "max_message_bytes", 1 << 20),
+    (["--grpc_channel_arguments=grpc.server.max_pending_requests=5000"], "grpc_max_pending_rpcs", 5000),
+    (["--enable_model_warmup=false"], "model_warmup", False),
+    (["--num_request_iterations_for_warmup=3"], "warmup_iterations", 3),
+    (["--ssl_config_file=/etc/ssl.config"], "ssl_config_file", "/etc/ssl.config"),
     (["--port=0"], "port", 0),
 ])
 def test_each_mapped_flag_sets_what_it_says(argv: list[str], field: str, value: object) -> None:
@@ -82,7 +86,7 @@ def test_ignored_flags_warn_by_name() -> None:
 
 
 @pytest.mark.parametrize(("argv", "why"), [
-    (["--ssl_config_file=/ssl.config"], "--tls-cert-file"),
+    (["--ssl_config_file=/ssl.config", "--tls-cert-file=/c", "--tls-key-file=/k"], "both set TLS; give one"),
     (["--grpc_socket_path=/tmp/s"], "UNIX socket"),
     (["--use_alts_credentials"], "ALTS"),
     (["--platform_config_file=/p"], "SavedModels"),
@@ -101,7 +105,8 @@ def test_refused_flags_stop_the_start_naming_why(argv: list[str], why: str,
 
 def test_their_defaults_are_accepted_silently() -> None:
     s = parse("--use_alts_credentials=false", "--saved_model_tags=serve", "--ssl_config_file=", "--grpc_socket_path=")
-    assert s.flag_warnings == ()
+    assert s.flag_warnings == () and s.ssl_config_file is None
+
 
 
 def test_the_mirrorserve_command_takes_the_same_arguments() -> None:
