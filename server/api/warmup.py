@@ -3,9 +3,9 @@
 and model worker as real ones, so that what a model sets up on its first calls (tracing, kernels,
 allocations for real shapes) is paid before clients arrive.
 
-As in TF Serving: the file is a TFRecord file of `PredictionLog`s, read whole before the first
-request runs; more than MAX_RECORDS records fail the load, so do a corrupt file and a record that
-fails; each record runs `iterations` times (--num_request_iterations_for_warmup); the model spec
+As in TF Serving: the file is a TFRecord file of `PredictionLog`s, read a record at a time
+(each runs before the next is read); more than MAX_RECORDS records fail the load, so do a corrupt
+record and a record that fails; each record runs `iterations` times (--num_request_iterations_for_warmup); the model spec
 in a record is ignored (the version being loaded answers); no file is no warmup. Unlike TF Serving,
 records of kinds this server does not serve (classify, regress, multi-inference, session run,
 streamed predict) are skipped and counted in the log line instead of failing the load.
@@ -21,6 +21,7 @@ import asyncio
 import collections
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,24 +62,33 @@ class Replayed:
                 + (f"; skipped (not served here): {skipped}" if skipped else ""))
 
 
-def read_records(path: Path, limit: int = MAX_RECORDS) -> list[bytes]:
-    """The file's records, each checked against its CRC32C; LoadError DATA_LOSS for a corrupt or
-    truncated file, INVALID_ARGUMENT for more than `limit` records (both TF Serving's codes)."""
-    records: list[bytes] = []
+def iter_records(path: Path, limit: int = MAX_RECORDS) -> Iterator[bytes]:
+    """The file's records one at a time, each checked against its CRC32C; LoadError DATA_LOSS for a
+    corrupt or truncated file, INVALID_ARGUMENT past `limit` records (both TF Serving's codes)."""
+    count = 0
     try:
         # errstate: the library masks CRCs in numpy uint32s, which wrap (as they should) with a warning.
-        with np.errstate(over="ignore"), TfrecordReader.open(str(path), check_integrity=True) as reader:
-            for record in reader:
-                if len(records) == limit:
+        with TfrecordReader.open(str(path), check_integrity=True) as reader:
+            while True:
+                with np.errstate(over="ignore"):
+                    record = reader.read()
+                if record is None:
+                    return
+                if count == limit:
                     raise LoadError(INVALID_ARGUMENT, f"Number of warmup records exceeds the maximum ({limit}) "
                                                       f"at {path}")
-                records.append(bytes(record))
+                count += 1
+                yield bytes(record)
     except (RuntimeError, MemoryError, OverflowError) as exc:
-        raise LoadError(DATA_LOSS, f"{path}: record {len(records)} cannot be read ({exc}); "
+        raise LoadError(DATA_LOSS, f"{path}: record {count} cannot be read ({exc}); "
                                    f"is the warmup file in TFRecord format?") from None
     except OSError as exc:
         raise LoadError(DATA_LOSS, f"cannot read warmup file {path}: {exc.strerror or exc}") from None
-    return records
+
+
+def read_records(path: Path, limit: int = MAX_RECORDS) -> list[bytes]:
+    """All of iter_records, at once (for tools and tests)."""
+    return list(iter_records(path, limit))
 
 
 def _failure(exc: Exception) -> tuple[int, str]:
@@ -105,9 +115,10 @@ class Warmup:
         done = Replayed(path)
         status = "OK"
         try:
-            records = await asyncio.to_thread(read_records, path)
-            for index, raw in enumerate(records):
-                await self._replay(servable, path, index, raw, done)
+            # Read a record at a time off the loop, as TF Serving streams the file: one record in memory.
+            records = iter_records(path)
+            while (raw := await asyncio.to_thread(next, records, None)) is not None:
+                await self._replay(servable, path, done.records, raw, done)
                 done.records += 1
         except LoadError as exc:
             status = _code_name(exc.code)

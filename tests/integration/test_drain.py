@@ -5,6 +5,7 @@ within the grace period, and the server's own count of accepted requests equals 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import re
 import signal
 import time
@@ -76,13 +77,14 @@ def test_sigterm_drains_without_losing_accepted_requests(model_dirs: dict[str, P
          "--drain-delay-s", str(DRAIN_DELAY_S), "--grace-period-s", str(GRACE_S)],
         tmp_path / "server.log",
     )
-    timeline: dict[str, float] = {}
+    timeline: dict[str, float] = {}  # monotonic times, and the wall clock's offset from it
 
     async def scenario() -> list[tuple[float, float, str]]:
         stop_at: list[float] = []
         load_task = asyncio.create_task(load(server.target, server.rest_url, stop_at))
         await asyncio.sleep(2.0)
         timeline["sigterm"] = time.monotonic()
+        timeline["wall_minus_monotonic"] = time.time() - timeline["sigterm"]
         server.process.send_signal(signal.SIGTERM)
         while server.process.poll() is None and time.monotonic() - timeline["sigterm"] < GRACE_S + 5:
             await asyncio.sleep(0.01)
@@ -109,7 +111,12 @@ def test_sigterm_drains_without_losing_accepted_requests(model_dirs: dict[str, P
     refusal_point = timeline["sigterm"] + DRAIN_DELAY_S
     # grpc itself cancels the calls in transit at the instant it closes (after ours are done), and
     # HTTP connections close the same way: at most one per worker, only calls sent after the
-    # refusal point.
+    # refusal point. That point by the server's clock: DRAIN_DELAY_S after it handled the signal,
+    # which under load is some milliseconds after it was sent (its log line, to the millisecond).
+    refusing = re.search(r"^(\S+ \S+) INFO server: refusing new RPCs", server.log(), re.M)
+    assert refusing, server.log()[-3000:]
+    logged = datetime.datetime.strptime(refusing.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    refusal_point = max(refusal_point, logged - timeline["wall_minus_monotonic"] - 0.001)
     cancelled = [sent for sent, _, code in results if code == "CANCELLED"]
     assert len(cancelled) <= WORKERS + REST_WORKERS and all(sent > refusal_point for sent in cancelled), (
         refusal_point, timeline, cancelled)

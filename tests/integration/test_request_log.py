@@ -126,60 +126,66 @@ def test_sampled_requests_and_their_responses_are_logged(logged: tuple[ServerPro
     assert "logging model=demo requests: sampling_rate=1 files=" in server.log()
 
 
-def test_files_rotate_by_size_and_only_the_newest_are_kept(tmp_path: Path, model_dirs: dict[str, Path]) -> None:
-    (tmp_path / "logs").mkdir()
-    path = config(tmp_path / "models.config", {"demo": (model_dirs["demo"], logging_block(tmp_path / "logs" / "d", 1))})
+@pytest.fixture(scope="module")
+def small_files(tmp_path_factory: pytest.TempPathFactory, model_dirs: dict[str, Path]) -> Iterator[
+        tuple[ServerProcess, Path]]:
+    """Files of 4,000 bytes, 3 kept: `rotating` logs under logs/, `failing` under failing/."""
+    folder = tmp_path_factory.mktemp("small-files")
+    (folder / "logs").mkdir()
+    (folder / "failing").mkdir()
+    path = config(folder / "models.config", {
+        "rotating": (model_dirs["demo"], logging_block(folder / "logs" / "d", 1)),
+        "failing": (model_dirs["demo"], logging_block(folder / "failing" / "d", 1)),
+    })
     server = start_server(["--model-config-file", str(path), "--request-log-file-bytes", "4000",
-                           "--request-log-max-files", "3"], tmp_path / "server.log")
-    try:
-        channel = grpc.insecure_channel(server.target)
-        predict = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict
-        for i in range(60):  # each record ~0.35 KB: about 12 files' worth
-            predict(build_predict_request("demo", {"x": np.full((2, 8), i, np.float32)}), timeout=30)
-        channel.close()
-        wait_until(lambda: server.metric("mirrorserve_request_log_records_total", model="demo") == 60)
-        written = server.metric("mirrorserve_request_log_bytes_total", model="demo")
-    finally:
-        server.stop()
-    files = sorted((tmp_path / "logs").glob("d.*.tfrecord"))
+                           "--request-log-max-files", "3", "--drain-delay-s", "0"], folder / "server.log")
+    yield server, folder
+    server.stop()
+
+
+def logged_or_dropped(server: ServerProcess, model: str) -> float:
+    return (server.metric("mirrorserve_request_log_records_total", model=model)
+            + server.metric("mirrorserve_request_log_dropped_total", model=model))
+
+
+def test_files_rotate_by_size_and_only_the_newest_are_kept(small_files: tuple[ServerProcess, Path]) -> None:
+    server, folder = small_files
+    channel = grpc.insecure_channel(server.target)
+    predict = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict
+    for i in range(60):  # each record ~0.35 KB: about 6 files' worth
+        predict(build_predict_request("rotating", {"x": np.full((2, 8), i, np.float32)}), timeout=30)
+        wait_until(lambda i=i: logged_or_dropped(server, "rotating") == i + 1)  # never a file's worth behind
+    channel.close()
+    assert server.metric("mirrorserve_request_log_records_total", model="rotating") == 60
+    written = server.metric("mirrorserve_request_log_bytes_total", model="rotating")
+    files = sorted((folder / "logs").glob("d.*.tfrecord"))
     assert len(files) == 3, files
     assert all(f.stat().st_size < 4000 + 1000 for f in files)
     assert sum(f.stat().st_size for f in files) < written
-    records = read_back(tmp_path / "logs" / "d")
+    records = read_back(folder / "logs" / "d")
     values = [int(tensor_array(r.predict_log.request.inputs["x"])[0, 0]) for r in records]
     assert values == list(range(60 - len(values), 60)), "the newest records, in order"
 
 
-def test_a_log_that_cannot_be_written_drops_records_and_requests_go_on(
-        tmp_path: Path, model_dirs: dict[str, Path]) -> None:
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    path = config(tmp_path / "models.config", {"demo": (model_dirs["demo"], logging_block(logs / "d", 1))})
-    server = start_server(["--model-config-file", str(path), "--request-log-file-bytes", "1000"],
-                          tmp_path / "server.log")
-    try:
-        channel = grpc.insecure_channel(server.target)
-        predict = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict
-        request = build_predict_request("demo", {"x": np.ones((2, 8), np.float32)})
+def test_a_log_that_cannot_be_written_drops_records_and_requests_go_on(small_files: tuple[ServerProcess, Path]) -> None:
+    server, folder = small_files
+    channel = grpc.insecure_channel(server.target)
+    predict = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict
+    request = build_predict_request("failing", {"x": np.ones((2, 8), np.float32)})
+    predict(request, timeout=30)
+    wait_until(lambda: server.metric("mirrorserve_request_log_records_total", model="failing") == 1)
+    logs = folder / "failing"
+    for file in logs.iterdir():
+        file.unlink()
+    logs.rmdir()  # the open file takes records up to its 4,000 bytes; the next one cannot be created
+    for sent in range(2, 32):
         predict(request, timeout=30)
-        wait_until(lambda: server.metric("mirrorserve_request_log_records_total", model="demo") == 1)
-        for file in logs.iterdir():
-            file.unlink()
-        logs.rmdir()  # the open file takes a few more records; the next one cannot be created
-
-        def accounted() -> float:
-            return (server.metric("mirrorserve_request_log_records_total", model="demo")
-                    + server.metric("mirrorserve_request_log_dropped_total", model="demo", reason="write_error"))
-
-        for sent in range(2, 22):
-            predict(request, timeout=30)
-            wait_until(lambda sent=sent: accounted() == sent)  # one at a time: never a file behind
-        channel.close()
-        assert server.metric("mirrorserve_request_log_dropped_total", model="demo", reason="write_error") >= 15
-        assert server.metric("mirrorserve_requests_total", model="demo", code="OK") == 21
-        assert server.log().count("records are dropped until writing works again") == 1, "logged once, not per record"
-    finally:
-        server.stop()
+        wait_until(lambda sent=sent: logged_or_dropped(server, "failing") == sent)  # never a file's worth behind
+    channel.close()
+    assert server.metric("mirrorserve_request_log_dropped_total", model="failing", reason="write_error") >= 15
+    assert server.metric("mirrorserve_request_log_dropped_total", model="failing", reason="queue_full") == 0
+    assert server.metric("mirrorserve_requests_total", model="failing", code="OK") == 31
+    assert server.log().count("records are dropped until writing works again") == 1, "logged once, not per record"
 
 
 def test_warmup_from_log_makes_a_warmup_file_the_server_replays(

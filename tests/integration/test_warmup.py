@@ -168,20 +168,6 @@ def test_a_warmup_file_makes_the_first_request_as_fast_as_the_steady_ones(
     assert min(firsts) > 3 * p99, "without the file, the first request at a new shape compiles"
 
 
-def test_iterations_run_each_record_that_many_times(convolution: Path, tmp_path: Path) -> None:
-    base = tmp_path / "conv"
-    base.mkdir()
-    add_version(base, 1, convolution, records={"a": {"image": image(2, 5)}})
-    server = serve(base, tmp_path, "--num_request_iterations_for_warmup", "3")
-    try:
-        assert "from " + str(base / "1" / WARMUP) + ": 1 records, 3 requests in " in server.log()
-        # No request was sent yet: the version's batcher ran the warmup's, one at a time.
-        assert server.metric("mirrorserve_batch_rows_count", model="conv") == 3
-        assert server.metric("mirrorserve_batch_rows_sum", model="conv") == 3 * 2
-    finally:
-        server.stop()
-
-
 @pytest.fixture(scope="module")
 def rolling(convolution: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         tuple[Path, ServerProcess, Client]]:
