@@ -5,8 +5,9 @@ allocations for real shapes) is paid before clients arrive.
 
 As in TF Serving: the file is a TFRecord file of `PredictionLog`s, read a record at a time
 (each runs before the next is read); more than MAX_RECORDS records fail the load, so do a corrupt
-record and a record that fails; each record runs `iterations` times (--num_request_iterations_for_warmup); the model spec
-in a record is ignored (the version being loaded answers); no file is no warmup. Unlike TF Serving,
+record and a record that fails; each record runs `iterations` times
+(--num_request_iterations_for_warmup); the model spec in a record is ignored (the version being
+loaded answers); no file is no warmup. Unlike TF Serving,
 records of kinds this server does not serve (classify, regress, multi-inference, session run,
 streamed predict) are skipped and counted in the log line instead of failing the load.
 
