@@ -190,6 +190,7 @@ async def serve(settings: Settings) -> int:
 
     def models_changed() -> None:
         nonlocal announced
+        logs.retire(registry)  # a model removed, or its logging_config gone: its writer stops
         if not announced and lifecycle is not None and lifecycle.every_model_available():
             announced = True
             tasks.append(loop.create_task(announce(), name="announce"))

@@ -190,6 +190,14 @@ class RequestLogs:
                                                                   self._max_files)
         return logger if logger.sampled() else None
 
+    def retire(self, registry: Registry) -> None:
+        """Stop the writers of models no longer configured to log (after writing what they hold)."""
+        for name, logger in list(self._loggers.items()):
+            model = registry.models.get(name)
+            if model is None or model.source.logging is not logger.config:
+                del self._loggers[name]
+                logger.close(0.0)
+
     def close(self, timeout_s: float = 5.0) -> None:
         for logger in self._loggers.values():
             logger.close(timeout_s)

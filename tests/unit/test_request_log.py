@@ -65,3 +65,23 @@ def test_sampling_rate_is_a_share_of_requests(tmp_path: Path) -> None:
     taken = sum(logger.sampled() for _ in range(20_000))
     logger.close()
     assert 4_700 <= taken <= 5_300  # binomial sd 61
+
+
+def test_a_model_that_stops_logging_has_its_writer_stopped(tmp_path: Path) -> None:
+    from server.api.request_log import RequestLogs
+    from server.core.model_config import ModelSource
+    from server.core.servables import Model, Registry, Servable
+
+    registry = Registry()
+    config = RequestLogging(str(tmp_path / "log"), 1.0)
+    registry.models["m"] = Model(ModelSource("m", "/m", logging=config))
+    logs = RequestLogs(registry, 1000, 2)
+    logger = logs.sample(Servable(name="m", version=1, path="/m"))
+    assert logger is not None and logger._thread.is_alive()
+    logs.retire(registry)
+    assert logger._thread.is_alive(), "still configured: kept"
+    registry.models["m"] = Model(ModelSource("m", "/m"))  # a reload without logging_config
+    logs.retire(registry)
+    logger._thread.join(2.0)
+    assert not logger._thread.is_alive()
+    assert logs.sample(Servable(name="m", version=1, path="/m")) is None
