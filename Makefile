@@ -59,7 +59,7 @@ test: $(STAMP) $(OFFICIAL_STAMP) $(TRITON_STAMP) $(PERF_STAMP) prometheus
 	$(PY) -m ruff check .
 	$(PY) -m mypy server client bench protos/build.py
 	OFFICIAL_CLIENT_PATH=$(abspath $(OFFICIAL)) TRITON_CLIENT_PATH=$(abspath $(TRITON)) \
-	  PERF_ANALYZER=$(abspath $(PERF))/perf_analyzer $(PY) -m pytest -q $(PYTEST_ARGS)
+	  PERF_ANALYZER=$(abspath $(PERF))/perf_analyzer $(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
 
 # The performance tables and goals (build/bench/results.md): about 30 minutes; run it on a quiet machine.
 bench: $(STAMP) $(PERF_STAMP)

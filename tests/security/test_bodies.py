@@ -27,6 +27,13 @@ def gzip_bomb(decompressed: int) -> bytes:
     return b"".join([*parts, packer.flush()])
 
 
+BOMB_P99_FACTOR = 4.5
+"""The bystander's p99 against its baseline while bombs are decompressed, instead of 3x: three 1 GB
+bombs at a time are inflated (to the limit) on a low-priority thread of the two cores the attacker
+and the bystander share. Measured on 2026-12-06, at this commit and at the one before it alike:
+1.8-3.0x alone, up to 3.7x inside the full suite (the baseline is a 1 s window, about 250 calls)."""
+
+
 def test_compressed_bombs_are_refused_at_the_limit_without_stalling_anyone(attack_server, bystander) -> None:
     server = attack_server
     bomb = gzip_bomb(1 << 30)  # 1 GB in 1 MB, gzip's best ratio
@@ -51,7 +58,7 @@ def test_compressed_bombs_are_refused_at_the_limit_without_stalling_anyone(attac
     assert brotli_status == 415
     assert all(b"decompresses to over the limit" in body for _, body in answers)
     assert max(rounds) < 5.0
-    assert_unharmed(attack)
+    assert_unharmed(attack, p99_factor=BOMB_P99_FACTOR)
     assert attack.memory_returned() <= RSS_SLACK_MB
     refused = server.metric("mirrorserve_requests_total", protocol="tfserving-rest", code="RESOURCE_EXHAUSTED")
     assert refused - refused_before == len(answers)
