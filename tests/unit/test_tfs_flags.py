@@ -116,3 +116,11 @@ def test_the_mirrorserve_command_takes_the_same_arguments() -> None:
     done = subprocess.run([str(command), "--use_alts_credentials"], capture_output=True, text=True, timeout=60,
                           check=False)
     assert done.returncode == 2 and "--use_alts_credentials" in done.stderr
+
+
+def test_the_readme_lists_every_flag_in_its_class() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    rows = {line.split("|")[1].strip(): line for line in readme.splitlines()
+            if line.startswith(("| mapped |", "| ignored |", "| refused |"))}
+    for name, kind, _ in tfs_flags.table():
+        assert f"`{name[2:]}`" in rows[kind], (name, kind)
