@@ -43,10 +43,14 @@ def tf_serving_server(model_dirs: dict[str, Path], tmp_path_factory: pytest.Temp
         "--tensorflow_intra_op_parallelism=2", "--enable_model_warmup=true", "--num_request_iterations_for_warmup=2",
         "--rest_api_timeout_in_ms=30000",
         "--drain-delay-s", "0"], root / "server.log")
-    # Before any request: the version's own batcher ran the warmup, 2 records twice, one at a time.
-    _, page = fetch(server, MONITORING_PATH)
-    assert 'mirrorserve_batch_rows_count{model="demo",version="1"} 4.0' in page
-    assert f'mirrorserve_batch_rows_sum{{model="demo",version="1"}} {2.0 * (1 + 3)}' in page
+    try:
+        # Before any request: the version's own batcher ran the warmup, 2 records twice, one at a time.
+        _, page = fetch(server, MONITORING_PATH)
+        assert 'mirrorserve_batch_rows_count{model="demo",version="1"} 4.0' in page
+        assert f'mirrorserve_batch_rows_sum{{model="demo",version="1"}} {2.0 * (1 + 3)}' in page
+    except BaseException:
+        server.stop()  # a failed check must not leave the server running
+        raise
     yield server
     assert server.stop() == 0, server.log()[-3000:]
 
