@@ -279,18 +279,13 @@ class Lifecycle:
         await self._warm_batch_path(servable.id, info, policy.max_inflight_batches)
         servable.signature_defs = loaded.signature_defs
         servable.batching = policy
-        servable.predictor = predictor = Predictor(info, self._batcher_for(servable, policy))
+        servable.predictor = Predictor(info, self._batcher_for(servable, policy))
         self._by_id[servable.id] = servable
         if self._warm_up is not None:
             try:
                 await self._warm_up(servable)
             except (LoadError, Unavailable) as exc:
-                await predictor.batcher.drain()
-                with contextlib.suppress(Unavailable):
-                    await self._worker.unload(servable.id)
-                servable.predictor = None
-                servable.signature_defs = {}
-                self._by_id.pop(servable.id, None)
+                await self._release(servable)
                 self._load_failed(servable, exc)
                 return
         servable.state = State.AVAILABLE
@@ -376,20 +371,24 @@ class Lifecycle:
         self._on_change()
         fields = _fields(servable.name, servable.version)
         log.info("unloading model=%s version=%s: finishing its queued requests", *labels, extra=fields)
-        predictor = servable.predictor
-        if predictor is not None:
-            await predictor.batcher.drain()
-        with contextlib.suppress(Unavailable):  # the worker is gone; the server is stopping anyway
-            await self._worker.unload(servable.id)
+        await self._release(servable)
         servable.state = State.END
-        servable.predictor = None
-        servable.signature_defs = {}
-        servable.cache.clear()
-        self._by_id.pop(servable.id, None)
         metrics.forget_version(*labels)
         gc.collect()  # the version's objects are younger than the start-up freeze: this frees them
         log.info("unloaded model=%s version=%s", *labels, extra=fields)
         self._on_change()
+
+    async def _release(self, servable: Servable) -> None:
+        """Finish what the version's batcher holds, free it in the worker, and drop what this
+        process kept of it (an unload, or a load whose warm-up failed)."""
+        if servable.predictor is not None:
+            await servable.predictor.batcher.drain()
+        with contextlib.suppress(Unavailable):  # the worker is gone; the server is stopping anyway
+            await self._worker.unload(servable.id)
+        servable.predictor = None
+        servable.signature_defs = {}
+        servable.cache.clear()
+        self._by_id.pop(servable.id, None)
 
     def _forget_old(self, model: Model) -> None:
         ended = sorted((v for v, s in model.versions.items() if s.state is State.END and s.error is None))
