@@ -26,12 +26,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 from tfrecord_slow.reader import TfrecordReader
 
 from protos.tensorflow_serving import prediction_log_pb2
+from protos.tf.tensorflow.core.protobuf import error_codes_pb2
+from protos.tf.tensorflow.core.protobuf.error_codes_pb2 import DATA_LOSS, INTERNAL, INVALID_ARGUMENT
 from server import codec, metrics
 from server.api.status import STATUS_FOR
 from server.core.inference import infer
@@ -44,7 +45,6 @@ log = logging.getLogger("server.api.warmup")
 WARMUP_FILE = Path("assets.extra") / "tf_serving_warmup_requests"
 MAX_RECORDS = 1000
 """TF Serving's WarmupConsts::kMaxNumRecords."""
-INVALID_ARGUMENT, INTERNAL, DATA_LOSS = 3, 13, 15
 
 
 @dataclass
@@ -122,7 +122,7 @@ class Warmup:
                 await self._replay(servable, path, done.records, raw, done)
                 done.records += 1
         except LoadError as exc:
-            status = _code_name(exc.code)
+            status = error_codes_pb2.Code.Name(exc.code)
             raise
         finally:
             done.seconds = time.monotonic() - started
@@ -150,8 +150,3 @@ class Warmup:
         except Exception as exc:  # any failure fails the load, named
             code, message = _failure(exc)
             raise LoadError(code, f"{path}: record {index} (predict_log) failed: {message}") from None
-
-
-def _code_name(code: int) -> str:
-    """A tensorflow.error.Code's name (the same numbers as gRPC's status codes)."""
-    return next((status.name for status in grpc.StatusCode if status.value[0] == code), str(code))
