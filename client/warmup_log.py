@@ -14,11 +14,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-from tfrecord_slow.reader import TfrecordReader
-from tfrecord_slow.writer import TfrecordWriter
-
 from protos.tensorflow_serving import prediction_log_pb2
+from server import tfrecords
 
 MAX_RECORDS = 1000
 
@@ -29,23 +26,21 @@ def warmup_from_logs(logs: Sequence[Path], out: Path, model: str | None = None,
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
     written = read = 0
-    # errstate: the library masks CRCs in numpy uint32s, which wrap (as they should) with a warning.
-    with np.errstate(over="ignore"), TfrecordWriter.create(str(partial)) as writer:
+    with tfrecords.Writer(partial) as writer:
         for path in logs:
-            with TfrecordReader.open(str(path), check_integrity=True) as reader:
-                for raw in reader:
-                    read += 1
-                    record = prediction_log_pb2.PredictionLog.FromString(bytes(raw))
-                    if record.WhichOneof("log_type") != "predict_log":
-                        continue
-                    if model is not None and record.log_metadata.model_spec.name != model:
-                        continue
-                    warmup = prediction_log_pb2.PredictionLog()
-                    warmup.predict_log.request.CopyFrom(record.predict_log.request)
-                    writer.write(warmup.SerializeToString())
-                    written += 1
-                    if written == max_records:
-                        break
+            for raw in tfrecords.read(path):
+                read += 1
+                record = prediction_log_pb2.PredictionLog.FromString(raw)
+                if record.WhichOneof("log_type") != "predict_log":
+                    continue
+                if model is not None and record.log_metadata.model_spec.name != model:
+                    continue
+                warmup = prediction_log_pb2.PredictionLog()
+                warmup.predict_log.request.CopyFrom(record.predict_log.request)
+                writer.write(warmup.SerializeToString())
+                written += 1
+                if written == max_records:
+                    break
             if written == max_records:
                 break
     os.replace(partial, out)

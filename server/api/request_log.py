@@ -30,10 +30,9 @@ import time
 from collections.abc import Mapping
 
 import numpy as np
-from tfrecord_slow.writer import TfrecordWriter
 
 from protos.tensorflow_serving import predict_pb2, prediction_log_pb2
-from server import codec, metrics
+from server import codec, metrics, tfrecords
 from server.core.model_config import RequestLogging
 from server.core.servables import Registry, Servable
 
@@ -60,7 +59,7 @@ class RequestLogger:
         self._stamp = time.strftime("%Y%m%d-%H%M%S")
         self._sequence = 0
         self._files: list[str] = []
-        self._writer: TfrecordWriter | None = None
+        self._writer: tfrecords.Writer | None = None
         self._written_bytes = 0
         self._last_error_log = 0.0
         self._records = metrics.REQUEST_LOG_RECORDS.labels(model)
@@ -117,9 +116,7 @@ class RequestLogger:
             if self._writer is None or self._written_bytes >= self._max_file_bytes:
                 self._next_file()
             assert self._writer is not None
-            # errstate: the library masks CRCs in numpy uint32s, which wrap (as they should) with a warning.
-            with np.errstate(over="ignore"):
-                self._writer.write(record)
+            self._writer.write(record)
         except OSError as exc:
             self._failed(exc)
             self._dropped_error.inc()
@@ -139,7 +136,7 @@ class RequestLogger:
         self._close_file()
         path = f"{self.config.filename_prefix}.{self._stamp}.{os.getpid()}.{self._sequence}.tfrecord"
         self._sequence += 1
-        self._writer = TfrecordWriter.create(path)
+        self._writer = tfrecords.Writer(path)
         self._written_bytes = 0
         self._files.append(path)
         while len(self._files) > self._max_files:

@@ -12,8 +12,8 @@ records of kinds this server does not serve (classify, regress, multi-inference,
 streamed predict) are skipped and counted in the log line instead of failing the load.
 
 A failure is a LoadError naming the file and the record, so the lifecycle fails that version's
-load like a corrupt SavedModel: versions already serving go on serving. TFRecord framing and its
-CRC32C checks are the tfrecord-slow and crc32c packages'.
+load like a corrupt SavedModel: versions already serving go on serving. The file is read through
+server.tfrecords.
 """
 
 from __future__ import annotations
@@ -26,14 +26,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 from google.protobuf.message import DecodeError
-from tfrecord_slow.reader import TfrecordReader
 
 from protos.tensorflow_serving import prediction_log_pb2
 from protos.tf.tensorflow.core.protobuf import error_codes_pb2
 from protos.tf.tensorflow.core.protobuf.error_codes_pb2 import DATA_LOSS, INTERNAL, INVALID_ARGUMENT
-from server import codec, metrics
+from server import codec, metrics, tfrecords
 from server.api.status import STATUS_FOR
 from server.core.inference import infer
 from server.core.model_process import LoadError
@@ -68,28 +66,16 @@ def iter_records(path: Path, limit: int = MAX_RECORDS) -> Iterator[bytes]:
     corrupt or truncated file, INVALID_ARGUMENT past `limit` records (both TF Serving's codes)."""
     count = 0
     try:
-        # errstate: the library masks CRCs in numpy uint32s, which wrap (as they should) with a warning.
-        with TfrecordReader.open(str(path), check_integrity=True) as reader:
-            while True:
-                with np.errstate(over="ignore"):
-                    record = reader.read()
-                if record is None:
-                    return
-                if count == limit:
-                    raise LoadError(INVALID_ARGUMENT, f"Number of warmup records exceeds the maximum ({limit}) "
-                                                      f"at {path}")
-                count += 1
-                yield bytes(record)
+        for record in tfrecords.read(path):
+            if count == limit:
+                raise LoadError(INVALID_ARGUMENT, f"Number of warmup records exceeds the maximum ({limit}) at {path}")
+            count += 1
+            yield record
     except (RuntimeError, MemoryError, OverflowError) as exc:
         raise LoadError(DATA_LOSS, f"{path}: record {count} cannot be read ({exc}); "
                                    f"is the warmup file in TFRecord format?") from None
     except OSError as exc:
         raise LoadError(DATA_LOSS, f"cannot read warmup file {path}: {exc.strerror or exc}") from None
-
-
-def read_records(path: Path, limit: int = MAX_RECORDS) -> list[bytes]:
-    """All of iter_records, at once (for tools and tests)."""
-    return list(iter_records(path, limit))
 
 
 def _failure(exc: Exception) -> tuple[int, str]:

@@ -7,10 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
-from tfrecord_slow.reader import TfrecordReader
-
-from server import metrics
+from server import metrics, tfrecords
 from server.api.request_log import RequestLogger
 from server.core.model_config import RequestLogging
 
@@ -22,8 +19,7 @@ def counter(child: object) -> float:
 def records_in(folder: Path) -> list[bytes]:
     out: list[bytes] = []
     for path in sorted(folder.glob("*.tfrecord"), key=lambda p: int(p.name.split(".")[-2])):
-        with np.errstate(over="ignore"), TfrecordReader.open(str(path), check_integrity=True) as reader:
-            out += [bytes(r) for r in reader]
+        out += tfrecords.read(path)
     return out
 
 

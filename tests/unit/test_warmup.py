@@ -7,14 +7,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tfrecord_slow.writer import TfrecordWriter
 
-from server.api.warmup import DATA_LOSS, INVALID_ARGUMENT, read_records
+from server import tfrecords
+from server.api.warmup import DATA_LOSS, INVALID_ARGUMENT, iter_records
 from server.core.model_process import LoadError
 
 
+def read_records(path: Path, limit: int = 1000) -> list[bytes]:
+    return list(iter_records(path, limit))
+
+
 def write(path: Path, records: list[bytes]) -> Path:
-    with TfrecordWriter.create(str(path)) as writer:
+    with tfrecords.Writer(path) as writer:
         for record in records:
             writer.write(record)
     return path
