@@ -4,11 +4,8 @@ Serving reads it. Without the file the server keeps its own: /metrics and TF Ser
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from google.protobuf import text_format
-
 from protos.tensorflow_serving import monitoring_config_pb2
+from server import text_proto
 
 TF_SERVING_PATH = "/monitoring/prometheus/metrics"
 DEFAULT_PATHS = ("/metrics", TF_SERVING_PATH)
@@ -19,15 +16,7 @@ def metrics_paths(config_file: str | None) -> tuple[str, ...]:
     with the file."""
     if config_file is None:
         return DEFAULT_PATHS
-    try:
-        text = Path(config_file).read_text()
-    except OSError as exc:
-        raise ValueError(f"cannot read --monitoring_config_file {config_file}: {exc.strerror or exc}") from None
-    config = monitoring_config_pb2.MonitoringConfig()
-    try:
-        text_format.Parse(text, config)
-    except text_format.ParseError as exc:
-        raise ValueError(f"--monitoring_config_file {config_file} is not a MonitoringConfig: {exc}") from None
+    config = text_proto.read(config_file, monitoring_config_pb2.MonitoringConfig, "--monitoring_config_file")
     prometheus = config.prometheus_config
     if not prometheus.enable:
         return ()

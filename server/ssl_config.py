@@ -6,11 +6,9 @@ cover both)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-
-from google.protobuf import text_format
 
 from protos.tensorflow_serving import ssl_config_pb2
+from server import text_proto
 
 
 @dataclass(frozen=True)
@@ -24,15 +22,7 @@ class SslConfig:
 def read_ssl_config(path: str) -> SslConfig:
     """ValueError (the server exits 2) names what is wrong with the file."""
     where = f"--ssl_config_file {path}"
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ValueError(f"cannot read {where}: {exc.strerror or exc}") from None
-    config = ssl_config_pb2.SSLConfig()
-    try:
-        text_format.Parse(text, config)
-    except text_format.ParseError as exc:
-        raise ValueError(f"{where} is not an SSLConfig: {exc}") from None
+    config = text_proto.read(path, ssl_config_pb2.SSLConfig, "--ssl_config_file")
     for field in ("server_key", "server_cert"):
         if "-----BEGIN " not in getattr(config, field):
             raise ValueError(f"{where}: {field} must hold the PEM text itself (-----BEGIN ...), not a file name")
