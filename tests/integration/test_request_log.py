@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -22,6 +22,7 @@ from client.api import build_predict_request, decode_outputs
 from protos.tensorflow_serving import prediction_log_pb2, prediction_service_pb2_grpc
 from server import codec
 from tests.integration.conftest import ROOT, ServerProcess, start_server
+from tests.integration.test_lifecycle import wait_until
 
 WARMUP = Path("assets.extra") / "tf_serving_warmup_requests"
 
@@ -49,13 +50,6 @@ def read_back(prefix: Path) -> list[prediction_log_pb2.PredictionLog]:
     files = sorted(prefix.parent.glob(prefix.name + ".*.tfrecord"), key=lambda p: int(p.name.split(".")[-2]))
     return [prediction_log_pb2.PredictionLog.FromString(raw.numpy())
             for raw in tf.data.TFRecordDataset([str(f) for f in files])]
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def rest_predict(server: ServerProcess, model: str, rows: list[list[float]]) -> dict[str, object]:
