@@ -103,10 +103,12 @@ class Client:
 
 
 def firsts_then_steady(server: ServerProcess, versions: list[int]) -> tuple[list[float], float]:
-    """(each version's first request's seconds, the p99 of STEADY_CALLS on the last version), one
-    at a time, as the server timed them: from its receipt to its answer, so neither the client's
-    connection nor its own first call counts. Each call comes STEADY_GAP_S after the one before,
-    to an idle server, as the first ones do."""
+    """(each version's first request's seconds, the p99 of STEADY_CALLS), one at a time, as the
+    server timed them: from its receipt to its answer, so neither the client's connection nor its
+    own first call counts. Each call comes STEADY_GAP_S after the one before, to an idle server,
+    and the steady calls go round the versions as the first ones do: each call meets another
+    version's weights than the call before, so both sides of the comparison pay the same cache
+    misses and only compilation differs."""
     client = Client(server)
     for version in versions:
         client.wait_for(version, AVAILABLE)
@@ -117,7 +119,7 @@ def firsts_then_steady(server: ServerProcess, versions: list[int]) -> tuple[list
     steady = []
     for i in range(STEADY_CALLS):
         time.sleep(STEADY_GAP_S)
-        steady.append(client.seconds(seed=10 + i, version=versions[-1]))
+        steady.append(client.seconds(seed=10 + i, version=versions[i % len(versions)]))
     client.channel.close()
     return firsts, float(np.percentile(steady, 99))
 
