@@ -1,10 +1,11 @@
 """Compile the .proto sources in this folder into Python modules beside them, and copy the
 TensorFlow protos they import into protos/tf, so the serving process never imports TensorFlow.
 
-Our protos import TensorFlow's own `tensor.proto`, `meta_graph.proto` and `error_codes.proto`. The
-TensorFlow wheel ships only their compiled modules, not the sources, so we hand protoc the exact
-descriptors the installed TensorFlow embeds (`--descriptor_set_in`) and have it generate Python
-modules for them too, under protos/tf/<their path>, imports rewritten to point there.
+Our protos import TensorFlow's own `tensor.proto`, `meta_graph.proto`, `error_codes.proto` and
+`example.proto`. The TensorFlow wheel ships only their compiled modules, not the sources, so we
+hand protoc the exact descriptors the installed TensorFlow embeds (`--descriptor_set_in`) and have
+it generate Python modules for them too, under protos/tf/<their path>, imports rewritten to point
+there.
 
 Why whole files, byte-identical, rather than a trimmed copy of the few messages we use: a process
 that loads both TensorFlow's modules and ours (the test suite, a user's notebook) shares one
@@ -45,6 +46,7 @@ _IMPORT = re.compile(rf"^(from|import) ({'|'.join(COPIED_PREFIXES)})\.", re.MULT
 def _tensorflow_files() -> list[descriptor_pb2.FileDescriptorProto]:
     """TensorFlow's descriptors for the files our protos import, dependencies first, exactly as
     the installed TensorFlow registers them."""
+    from tensorflow.core.example import example_pb2
     from tensorflow.core.framework import tensor_pb2
     from tensorflow.core.protobuf import error_codes_pb2, meta_graph_pb2
 
@@ -57,7 +59,7 @@ def _tensorflow_files() -> list[descriptor_pb2.FileDescriptorProto]:
             visit(dep)
         seen[fd.name] = fd
 
-    for module in (tensor_pb2, meta_graph_pb2, error_codes_pb2):
+    for module in (tensor_pb2, meta_graph_pb2, error_codes_pb2, example_pb2):
         visit(module.DESCRIPTOR)
     return [descriptor_pb2.FileDescriptorProto.FromString(fd.serialized_pb) for fd in seen.values()]
 

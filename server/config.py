@@ -125,6 +125,10 @@ class Settings:
     """Replay each version's warmup file (assets.extra/tf_serving_warmup_requests) before it serves."""
     warmup_iterations: int = 1
     """Times each warmup record is run (TF Serving's num_request_iterations_for_warmup)."""
+    signature_method_name_check: bool = False
+    """Classify and Regress only on signatures whose method_name says so (TF Serving's
+    enable_signature_method_name_check); off, a signature of the right shape serves whatever its
+    method_name, as TF2 exports every signature as predict."""
     ssl_config_file: str | None = None
     """TF Serving's SSLConfig text file (PEM texts inline): TLS on the gRPC port only, as in TF Serving."""
     request_log_file_bytes: int = 64 * 1024 * 1024
@@ -325,6 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "file) before it serves (default: on; --no-model-warmup skips them)")
     p.add_argument("--warmup-iterations", type=_positive_int, default=1, metavar="N",
                    help="times each warmup record is run (default 1)")
+    p.add_argument("--signature-method-name-check", action=argparse.BooleanOptionalAction, default=False,
+                   help="Classify and Regress only on signatures whose method_name is tensorflow/serving/classify "
+                        "or .../regress (default: off, as in TF Serving: a signature of the right inputs and "
+                        "outputs serves, as TF2 exports every signature as predict)")
     p.add_argument("--ssl-config-file", default=None, metavar="FILE",
                    help="TF Serving's SSLConfig text file (server_key, server_cert, custom_ca: PEM texts; "
                         "client_verify): TLS on the gRPC port only, as in TF Serving")

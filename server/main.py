@@ -39,9 +39,11 @@ from server.api.control import ControlPlane, default_roots, read_tokens
 from server.api.health import Health, add_health_and_reflection
 from server.api.request_log import RequestLogs
 from server.api.rest_body import BodyDecoder
+from server.api.tfs_examples import ExampleCalls
 from server.api.warmup import Warmup
 from server.config import Settings, parse_settings
 from server.core import batching_policy, model_config
+from server.core.example_methods import ExampleMethods
 from server.core.lifecycle import Lifecycle, check_sources
 from server.core.model_process import ModelProcess
 from server.core.repository import Repository, repository_sources
@@ -110,7 +112,8 @@ async def serve(settings: Settings) -> int:
     limit = ConcurrencyLimit(settings.max_concurrent_rpcs)
     decoder = BodyDecoder()
     logs = RequestLogs(registry, settings.request_log_file_bytes, settings.request_log_max_files)
-    servicer = tfs.PredictionServicer(registry, settings.max_message_bytes, logs)
+    examples = ExampleCalls(ExampleMethods(settings.signature_method_name_check), decoder, settings.max_message_bytes)
+    servicer = tfs.PredictionServicer(registry, settings.max_message_bytes, examples, logs)
     announced = False
     # v2's ServerReady says what health says: every start-up model serves, and no drain has begun.
     def ready() -> bool:
@@ -120,7 +123,7 @@ async def serve(settings: Settings) -> int:
     repository = Repository(registry, lambda: lifecycle, settings.model_repository, settings.model_control_mode)
     v2_servicer = v2.V2Servicer(registry, settings.max_message_bytes, ready, repository, lambda: control)
     rest_timeout_s = settings.rest_api_timeout_ms / 1000 if settings.rest_api_timeout_ms > 0 else None
-    tfs_rest = rest_tfs.TfsRest(registry, settings.max_message_bytes, decoder, rest_timeout_s, logs)
+    tfs_rest = rest_tfs.TfsRest(registry, settings.max_message_bytes, decoder, examples.methods, rest_timeout_s, logs)
     v2_rest = rest_v2.V2Rest(registry, settings.max_message_bytes, ready, decoder, repository, lambda: control,
                              rest_timeout_s)
     front_ends = (servicer, v2_servicer, tfs_rest, v2_rest)
@@ -220,7 +223,7 @@ async def serve(settings: Settings) -> int:
                  settings.tls_client_ca_file is not None, ",".join(control.roots))
     lifecycle = Lifecycle(settings, worker, registry, len(started.devices), batching, on_change=models_changed,
                           may_serve_none=settings.model_repository is not None,
-                          warm_up=Warmup(settings.warmup_iterations, settings.max_message_bytes)
+                          warm_up=Warmup(settings.warmup_iterations, settings.max_message_bytes, examples)
                           if settings.model_warmup else None)
     tasks.append(loop.create_task(lifecycle.poll_versions(), name="poll-versions"))
     problems = await lifecycle.apply(sources)

@@ -125,6 +125,9 @@ FLAGS = {f.name: f for f in (
          "assets.extra/tf_serving_warmup_requests before it serves",
          lambda value: ["--model-warmup" if _switch(value) else "--no-model-warmup"]),
     Flag("num_request_iterations_for_warmup", MAPPED, False, "--warmup-iterations", _to("--warmup-iterations")),
+    Flag("enable_signature_method_name_check", MAPPED, True, "--signature-method-name-check / "
+         "--no-signature-method-name-check: Classify and Regress only on signatures of their method_name",
+         lambda value: ["--signature-method-name-check" if _switch(value) else "--no-signature-method-name-check"]),
     Flag("version", MAPPED, True, "--version: print the version and exit",
          lambda value: ["--version"] if _switch(value) else []),
     Flag("rest_api_num_threads", IGNORED, False, "REST runs on the server's event loop, not a thread pool"),
@@ -144,7 +147,6 @@ FLAGS = {f.name: f for f in (
     Flag("prefer_tflite_model", IGNORED, True, "SavedModels only"),
     Flag("num_tflite_pools", IGNORED, False, "SavedModels only"),
     Flag("num_tflite_interpreters_per_pool", IGNORED, False, "SavedModels only"),
-    Flag("enable_signature_method_name_check", IGNORED, True, "signatures are served whatever their method name"),
     Flag("xla_cpu_compilation_enabled", IGNORED, True, "TensorFlow's default"),
     Flag("enable_profiler", IGNORED, True, "no profiler service"),
     Flag("skip_initialize_tpu", IGNORED, True, "no TPU support"),

@@ -22,29 +22,32 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from protos.tensorflow_serving import classification_pb2 as protos_dot_tensorflow__serving_dot_classification__pb2
+from protos.tensorflow_serving import inference_pb2 as protos_dot_tensorflow__serving_dot_inference__pb2
 from protos.tensorflow_serving import logging_pb2 as protos_dot_tensorflow__serving_dot_logging__pb2
 from protos.tensorflow_serving import predict_pb2 as protos_dot_tensorflow__serving_dot_predict__pb2
+from protos.tensorflow_serving import regression_pb2 as protos_dot_tensorflow__serving_dot_regression__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n.protos/tensorflow_serving/prediction_log.proto\x12\x12tensorflow.serving\x1a\'protos/tensorflow_serving/logging.proto\x1a\'protos/tensorflow_serving/predict.proto\"0\n\x0b\x43lassifyLog\x12\x0f\n\x07request\x18\x01 \x01(\x0c\x12\x10\n\x08response\x18\x02 \x01(\x0c\"/\n\nRegressLog\x12\x0f\n\x07request\x18\x01 \x01(\x0c\x12\x10\n\x08response\x18\x02 \x01(\x0c\"x\n\nPredictLog\x12\x33\n\x07request\x18\x01 \x01(\x0b\x32\".tensorflow.serving.PredictRequest\x12\x35\n\x08response\x18\x02 \x01(\x0b\x32#.tensorflow.serving.PredictResponse\"\x80\x01\n\x12PredictStreamedLog\x12\x33\n\x07request\x18\x01 \x03(\x0b\x32\".tensorflow.serving.PredictRequest\x12\x35\n\x08response\x18\x02 \x03(\x0b\x32#.tensorflow.serving.PredictResponse\"6\n\x11MultiInferenceLog\x12\x0f\n\x07request\x18\x01 \x01(\x0c\x12\x10\n\x08response\x18\x02 \x01(\x0c\"2\n\rSessionRunLog\x12\x0f\n\x07request\x18\x01 \x01(\x0c\x12\x10\n\x08response\x18\x02 \x01(\x0c\"\xc5\x03\n\rPredictionLog\x12\x35\n\x0clog_metadata\x18\x01 \x01(\x0b\x32\x1f.tensorflow.serving.LogMetadata\x12\x37\n\x0c\x63lassify_log\x18\x02 \x01(\x0b\x32\x1f.tensorflow.serving.ClassifyLogH\x00\x12\x35\n\x0bregress_log\x18\x03 \x01(\x0b\x32\x1e.tensorflow.serving.RegressLogH\x00\x12\x35\n\x0bpredict_log\x18\x06 \x01(\x0b\x32\x1e.tensorflow.serving.PredictLogH\x00\x12\x46\n\x14predict_streamed_log\x18\x07 \x01(\x0b\x32&.tensorflow.serving.PredictStreamedLogH\x00\x12\x44\n\x13multi_inference_log\x18\x04 \x01(\x0b\x32%.tensorflow.serving.MultiInferenceLogH\x00\x12<\n\x0fsession_run_log\x18\x05 \x01(\x0b\x32!.tensorflow.serving.SessionRunLogH\x00\x42\n\n\x08log_typeb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n.protos/tensorflow_serving/prediction_log.proto\x12\x12tensorflow.serving\x1a.protos/tensorflow_serving/classification.proto\x1a)protos/tensorflow_serving/inference.proto\x1a\'protos/tensorflow_serving/logging.proto\x1a\'protos/tensorflow_serving/predict.proto\x1a*protos/tensorflow_serving/regression.proto\"\x87\x01\n\x0b\x43lassifyLog\x12:\n\x07request\x18\x01 \x01(\x0b\x32).tensorflow.serving.ClassificationRequest\x12<\n\x08response\x18\x02 \x01(\x0b\x32*.tensorflow.serving.ClassificationResponse\"~\n\nRegressLog\x12\x36\n\x07request\x18\x01 \x01(\x0b\x32%.tensorflow.serving.RegressionRequest\x12\x38\n\x08response\x18\x02 \x01(\x0b\x32&.tensorflow.serving.RegressionResponse\"x\n\nPredictLog\x12\x33\n\x07request\x18\x01 \x01(\x0b\x32\".tensorflow.serving.PredictRequest\x12\x35\n\x08response\x18\x02 \x01(\x0b\x32#.tensorflow.serving.PredictResponse\"\x80\x01\n\x12PredictStreamedLog\x12\x33\n\x07request\x18\x01 \x03(\x0b\x32\".tensorflow.serving.PredictRequest\x12\x35\n\x08response\x18\x02 \x03(\x0b\x32#.tensorflow.serving.PredictResponse\"\x8d\x01\n\x11MultiInferenceLog\x12:\n\x07request\x18\x01 \x01(\x0b\x32).tensorflow.serving.MultiInferenceRequest\x12<\n\x08response\x18\x02 \x01(\x0b\x32*.tensorflow.serving.MultiInferenceResponse\"2\n\rSessionRunLog\x12\x0f\n\x07request\x18\x01 \x01(\x0c\x12\x10\n\x08response\x18\x02 \x01(\x0c\"\xc5\x03\n\rPredictionLog\x12\x35\n\x0clog_metadata\x18\x01 \x01(\x0b\x32\x1f.tensorflow.serving.LogMetadata\x12\x37\n\x0c\x63lassify_log\x18\x02 \x01(\x0b\x32\x1f.tensorflow.serving.ClassifyLogH\x00\x12\x35\n\x0bregress_log\x18\x03 \x01(\x0b\x32\x1e.tensorflow.serving.RegressLogH\x00\x12\x35\n\x0bpredict_log\x18\x06 \x01(\x0b\x32\x1e.tensorflow.serving.PredictLogH\x00\x12\x46\n\x14predict_streamed_log\x18\x07 \x01(\x0b\x32&.tensorflow.serving.PredictStreamedLogH\x00\x12\x44\n\x13multi_inference_log\x18\x04 \x01(\x0b\x32%.tensorflow.serving.MultiInferenceLogH\x00\x12<\n\x0fsession_run_log\x18\x05 \x01(\x0b\x32!.tensorflow.serving.SessionRunLogH\x00\x42\n\n\x08log_typeb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.tensorflow_serving.prediction_log_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CLASSIFYLOG']._serialized_start=152
-  _globals['_CLASSIFYLOG']._serialized_end=200
-  _globals['_REGRESSLOG']._serialized_start=202
-  _globals['_REGRESSLOG']._serialized_end=249
-  _globals['_PREDICTLOG']._serialized_start=251
-  _globals['_PREDICTLOG']._serialized_end=371
-  _globals['_PREDICTSTREAMEDLOG']._serialized_start=374
-  _globals['_PREDICTSTREAMEDLOG']._serialized_end=502
-  _globals['_MULTIINFERENCELOG']._serialized_start=504
-  _globals['_MULTIINFERENCELOG']._serialized_end=558
-  _globals['_SESSIONRUNLOG']._serialized_start=560
-  _globals['_SESSIONRUNLOG']._serialized_end=610
-  _globals['_PREDICTIONLOG']._serialized_start=613
-  _globals['_PREDICTIONLOG']._serialized_end=1066
+  _globals['_CLASSIFYLOG']._serialized_start=288
+  _globals['_CLASSIFYLOG']._serialized_end=423
+  _globals['_REGRESSLOG']._serialized_start=425
+  _globals['_REGRESSLOG']._serialized_end=551
+  _globals['_PREDICTLOG']._serialized_start=553
+  _globals['_PREDICTLOG']._serialized_end=673
+  _globals['_PREDICTSTREAMEDLOG']._serialized_start=676
+  _globals['_PREDICTSTREAMEDLOG']._serialized_end=804
+  _globals['_MULTIINFERENCELOG']._serialized_start=807
+  _globals['_MULTIINFERENCELOG']._serialized_end=948
+  _globals['_SESSIONRUNLOG']._serialized_start=950
+  _globals['_SESSIONRUNLOG']._serialized_end=1000
+  _globals['_PREDICTIONLOG']._serialized_start=1003
+  _globals['_PREDICTIONLOG']._serialized_end=1456
 # @@protoc_insertion_point(module_scope)

@@ -1,5 +1,8 @@
+from protos.tensorflow_serving import classification_pb2 as _classification_pb2
+from protos.tensorflow_serving import inference_pb2 as _inference_pb2
 from protos.tensorflow_serving import logging_pb2 as _logging_pb2
 from protos.tensorflow_serving import predict_pb2 as _predict_pb2
+from protos.tensorflow_serving import regression_pb2 as _regression_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -12,17 +15,17 @@ class ClassifyLog(_message.Message):
     __slots__ = ("request", "response")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
-    request: bytes
-    response: bytes
-    def __init__(self, request: _Optional[bytes] = ..., response: _Optional[bytes] = ...) -> None: ...
+    request: _classification_pb2.ClassificationRequest
+    response: _classification_pb2.ClassificationResponse
+    def __init__(self, request: _Optional[_Union[_classification_pb2.ClassificationRequest, _Mapping]] = ..., response: _Optional[_Union[_classification_pb2.ClassificationResponse, _Mapping]] = ...) -> None: ...
 
 class RegressLog(_message.Message):
     __slots__ = ("request", "response")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
-    request: bytes
-    response: bytes
-    def __init__(self, request: _Optional[bytes] = ..., response: _Optional[bytes] = ...) -> None: ...
+    request: _regression_pb2.RegressionRequest
+    response: _regression_pb2.RegressionResponse
+    def __init__(self, request: _Optional[_Union[_regression_pb2.RegressionRequest, _Mapping]] = ..., response: _Optional[_Union[_regression_pb2.RegressionResponse, _Mapping]] = ...) -> None: ...
 
 class PredictLog(_message.Message):
     __slots__ = ("request", "response")
@@ -44,9 +47,9 @@ class MultiInferenceLog(_message.Message):
     __slots__ = ("request", "response")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
-    request: bytes
-    response: bytes
-    def __init__(self, request: _Optional[bytes] = ..., response: _Optional[bytes] = ...) -> None: ...
+    request: _inference_pb2.MultiInferenceRequest
+    response: _inference_pb2.MultiInferenceResponse
+    def __init__(self, request: _Optional[_Union[_inference_pb2.MultiInferenceRequest, _Mapping]] = ..., response: _Optional[_Union[_inference_pb2.MultiInferenceResponse, _Mapping]] = ...) -> None: ...
 
 class SessionRunLog(_message.Message):
     __slots__ = ("request", "response")

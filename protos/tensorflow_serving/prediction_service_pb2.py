@@ -22,17 +22,20 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from protos.tensorflow_serving import classification_pb2 as protos_dot_tensorflow__serving_dot_classification__pb2
 from protos.tensorflow_serving import get_model_metadata_pb2 as protos_dot_tensorflow__serving_dot_get__model__metadata__pb2
+from protos.tensorflow_serving import inference_pb2 as protos_dot_tensorflow__serving_dot_inference__pb2
 from protos.tensorflow_serving import predict_pb2 as protos_dot_tensorflow__serving_dot_predict__pb2
+from protos.tensorflow_serving import regression_pb2 as protos_dot_tensorflow__serving_dot_regression__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n2protos/tensorflow_serving/prediction_service.proto\x12\x12tensorflow.serving\x1a\x32protos/tensorflow_serving/get_model_metadata.proto\x1a\'protos/tensorflow_serving/predict.proto2\xd6\x01\n\x11PredictionService\x12R\n\x07Predict\x12\".tensorflow.serving.PredictRequest\x1a#.tensorflow.serving.PredictResponse\x12m\n\x10GetModelMetadata\x12+.tensorflow.serving.GetModelMetadataRequest\x1a,.tensorflow.serving.GetModelMetadataResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n2protos/tensorflow_serving/prediction_service.proto\x12\x12tensorflow.serving\x1a.protos/tensorflow_serving/classification.proto\x1a\x32protos/tensorflow_serving/get_model_metadata.proto\x1a)protos/tensorflow_serving/inference.proto\x1a\'protos/tensorflow_serving/predict.proto\x1a*protos/tensorflow_serving/regression.proto2\xfc\x03\n\x11PredictionService\x12\x61\n\x08\x43lassify\x12).tensorflow.serving.ClassificationRequest\x1a*.tensorflow.serving.ClassificationResponse\x12X\n\x07Regress\x12%.tensorflow.serving.RegressionRequest\x1a&.tensorflow.serving.RegressionResponse\x12R\n\x07Predict\x12\".tensorflow.serving.PredictRequest\x1a#.tensorflow.serving.PredictResponse\x12g\n\x0eMultiInference\x12).tensorflow.serving.MultiInferenceRequest\x1a*.tensorflow.serving.MultiInferenceResponse\x12m\n\x10GetModelMetadata\x12+.tensorflow.serving.GetModelMetadataRequest\x1a,.tensorflow.serving.GetModelMetadataResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.tensorflow_serving.prediction_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PREDICTIONSERVICE']._serialized_start=168
-  _globals['_PREDICTIONSERVICE']._serialized_end=382
+  _globals['_PREDICTIONSERVICE']._serialized_start=303
+  _globals['_PREDICTIONSERVICE']._serialized_end=811
 # @@protoc_insertion_point(module_scope)

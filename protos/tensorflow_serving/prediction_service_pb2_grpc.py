@@ -3,8 +3,11 @@
 import grpc
 import warnings
 
+from protos.tensorflow_serving import classification_pb2 as protos_dot_tensorflow__serving_dot_classification__pb2
 from protos.tensorflow_serving import get_model_metadata_pb2 as protos_dot_tensorflow__serving_dot_get__model__metadata__pb2
+from protos.tensorflow_serving import inference_pb2 as protos_dot_tensorflow__serving_dot_inference__pb2
 from protos.tensorflow_serving import predict_pb2 as protos_dot_tensorflow__serving_dot_predict__pb2
+from protos.tensorflow_serving import regression_pb2 as protos_dot_tensorflow__serving_dot_regression__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -35,10 +38,25 @@ class PredictionServiceStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Classify = channel.unary_unary(
+                '/tensorflow.serving.PredictionService/Classify',
+                request_serializer=protos_dot_tensorflow__serving_dot_classification__pb2.ClassificationRequest.SerializeToString,
+                response_deserializer=protos_dot_tensorflow__serving_dot_classification__pb2.ClassificationResponse.FromString,
+                _registered_method=True)
+        self.Regress = channel.unary_unary(
+                '/tensorflow.serving.PredictionService/Regress',
+                request_serializer=protos_dot_tensorflow__serving_dot_regression__pb2.RegressionRequest.SerializeToString,
+                response_deserializer=protos_dot_tensorflow__serving_dot_regression__pb2.RegressionResponse.FromString,
+                _registered_method=True)
         self.Predict = channel.unary_unary(
                 '/tensorflow.serving.PredictionService/Predict',
                 request_serializer=protos_dot_tensorflow__serving_dot_predict__pb2.PredictRequest.SerializeToString,
                 response_deserializer=protos_dot_tensorflow__serving_dot_predict__pb2.PredictResponse.FromString,
+                _registered_method=True)
+        self.MultiInference = channel.unary_unary(
+                '/tensorflow.serving.PredictionService/MultiInference',
+                request_serializer=protos_dot_tensorflow__serving_dot_inference__pb2.MultiInferenceRequest.SerializeToString,
+                response_deserializer=protos_dot_tensorflow__serving_dot_inference__pb2.MultiInferenceResponse.FromString,
                 _registered_method=True)
         self.GetModelMetadata = channel.unary_unary(
                 '/tensorflow.serving.PredictionService/GetModelMetadata',
@@ -50,7 +68,25 @@ class PredictionServiceStub:
 class PredictionServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
+    def Classify(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Regress(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Predict(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MultiInference(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -65,10 +101,25 @@ class PredictionServiceServicer:
 
 def add_PredictionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Classify': grpc.unary_unary_rpc_method_handler(
+                    servicer.Classify,
+                    request_deserializer=protos_dot_tensorflow__serving_dot_classification__pb2.ClassificationRequest.FromString,
+                    response_serializer=protos_dot_tensorflow__serving_dot_classification__pb2.ClassificationResponse.SerializeToString,
+            ),
+            'Regress': grpc.unary_unary_rpc_method_handler(
+                    servicer.Regress,
+                    request_deserializer=protos_dot_tensorflow__serving_dot_regression__pb2.RegressionRequest.FromString,
+                    response_serializer=protos_dot_tensorflow__serving_dot_regression__pb2.RegressionResponse.SerializeToString,
+            ),
             'Predict': grpc.unary_unary_rpc_method_handler(
                     servicer.Predict,
                     request_deserializer=protos_dot_tensorflow__serving_dot_predict__pb2.PredictRequest.FromString,
                     response_serializer=protos_dot_tensorflow__serving_dot_predict__pb2.PredictResponse.SerializeToString,
+            ),
+            'MultiInference': grpc.unary_unary_rpc_method_handler(
+                    servicer.MultiInference,
+                    request_deserializer=protos_dot_tensorflow__serving_dot_inference__pb2.MultiInferenceRequest.FromString,
+                    response_serializer=protos_dot_tensorflow__serving_dot_inference__pb2.MultiInferenceResponse.SerializeToString,
             ),
             'GetModelMetadata': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelMetadata,
@@ -87,6 +138,60 @@ class PredictionService:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
+    def Classify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tensorflow.serving.PredictionService/Classify',
+            protos_dot_tensorflow__serving_dot_classification__pb2.ClassificationRequest.SerializeToString,
+            protos_dot_tensorflow__serving_dot_classification__pb2.ClassificationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Regress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tensorflow.serving.PredictionService/Regress',
+            protos_dot_tensorflow__serving_dot_regression__pb2.RegressionRequest.SerializeToString,
+            protos_dot_tensorflow__serving_dot_regression__pb2.RegressionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def Predict(request,
             target,
             options=(),
@@ -103,6 +208,33 @@ class PredictionService:
             '/tensorflow.serving.PredictionService/Predict',
             protos_dot_tensorflow__serving_dot_predict__pb2.PredictRequest.SerializeToString,
             protos_dot_tensorflow__serving_dot_predict__pb2.PredictResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MultiInference(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tensorflow.serving.PredictionService/MultiInference',
+            protos_dot_tensorflow__serving_dot_inference__pb2.MultiInferenceRequest.SerializeToString,
+            protos_dot_tensorflow__serving_dot_inference__pb2.MultiInferenceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -50,6 +50,17 @@ def is_b64(value: Any) -> bool:
     return isinstance(value, dict) and len(value) == 1 and B64 in value
 
 
+def b64_bytes(value: dict[str, Any], where: str) -> bytes:
+    """The bytes of a {"b64": "..."} object, or InvalidInput naming `where` it was."""
+    text = value[B64]
+    if not isinstance(text, str):
+        raise InvalidInput(f'{where}: "b64" must hold a base64 string')
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidInput(f'{where}: "b64" is not valid base64: {exc}') from None
+
+
 def array_from_json(value: Any, dtype: np.dtype, where: str, type_name: str) -> np.ndarray:
     """`value` as an array of `dtype`; `where` and `type_name` name the tensor and its type in errors."""
     if dtype.kind == "O":
@@ -124,17 +135,17 @@ def _strings(value: Any, where: str) -> np.ndarray:
     return out.reshape(shape)
 
 
+def text_bytes(text: str) -> bytes:
+    """A JSON string's UTF-8 bytes; a lone surrogate ("\\ud800", which JSON allows and UTF-8 cannot
+    hold) is kept as its three bytes, as a C++ JSON reader keeps it, not refused as an error."""
+    return text.encode("utf-8", "surrogatepass")
+
+
 def _leaf_bytes(leaf: Any, where: str) -> bytes:
     if isinstance(leaf, str):
-        return leaf.encode()
+        return text_bytes(leaf)
     if is_b64(leaf):
-        text = leaf[B64]
-        if not isinstance(text, str):
-            raise InvalidInput(f'{where}: "b64" must hold a base64 string')
-        try:
-            return base64.b64decode(text, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise InvalidInput(f'{where}: "b64" is not valid base64: {exc}') from None
+        return b64_bytes(leaf, where)
     raise InvalidInput(f'{where} is a string tensor: values must be strings or {{"b64": "..."}}')
 
 

@@ -28,6 +28,7 @@ import random
 import threading
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -207,6 +208,18 @@ def predict_record(servable: Servable, signature: str, rate: float, request: pre
     _metadata(record, servable, signature, rate)
     record.predict_log.request.CopyFrom(request)
     record.predict_log.response.CopyFrom(response)
+    data: bytes = record.SerializeToString()
+    return data
+
+
+def example_record(servable: Servable, signature: str, rate: float, kind: str, request: bytes, response: Any) -> bytes:
+    """A serialized PredictionLog of a Classify, Regress or MultiInference call (`kind`: its log's
+    field, e.g. "classify_log"), its request as the client's bytes (the same wire format)."""
+    record = prediction_log_pb2.PredictionLog()
+    _metadata(record, servable, signature, rate)
+    log_entry = getattr(record, kind)
+    log_entry.request.MergeFromString(request)
+    log_entry.response.CopyFrom(response)
     data: bytes = record.SerializeToString()
     return data
 

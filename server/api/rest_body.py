@@ -170,7 +170,12 @@ class BodyDecoder:
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
 
     async def decode(self, size: int, function: Callable[..., T], *args: Any) -> T:
-        if size <= self._inline_bytes:
+        """`function(*args)`, inline for a body of at most the inline size, else in the helper."""
+        return await self.run(size <= self._inline_bytes, function, *args)
+
+    async def run(self, inline: bool, function: Callable[..., T], *args: Any) -> T:
+        """`function(*args)`, inline or in the helper: for work whose cost the caller judges."""
+        if inline:
             return function(*args)
         if self._waiting >= self._max_waiting:
             raise Overloaded(f"{self._waiting} large bodies are being decoded; retry later, or send tensors in "

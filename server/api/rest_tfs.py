@@ -3,10 +3,12 @@
     GET  /v1/models/NAME[/versions/N | /labels/L]            the versions' status
     GET  /v1/models/NAME[/versions/N | /labels/L]/metadata   the signatures
     POST /v1/models/NAME[/versions/N | /labels/L]:predict    {"instances": ...} or {"inputs": ...}
+    POST /v1/models/NAME[/versions/N | /labels/L]:classify   {"examples": [...], "context": {...}}
+    POST /v1/models/NAME[/versions/N | /labels/L]:regress    the same
 
 It only translates, like its gRPC twin (server.api.tfs): the URL to a servable, the JSON
-(server.api.tfs_json) to named arrays, one call into the same Predictor, so REST and gRPC
-requests of a model share its batches.
+(server.api.tfs_json, server.api.tf_example_json) to named arrays or examples, one call into the
+same core, so REST and gRPC requests of a model share its batches.
 """
 
 from __future__ import annotations
@@ -17,16 +19,17 @@ from typing import Any
 from aiohttp import web
 from google.protobuf import json_format
 
-from server.api import request_log, request_timing, rest, tfs_json
+from server.api import request_log, request_timing, rest, tf_example, tf_example_json, tfs_examples, tfs_json
 from server.api.admission import Call
 from server.api.recording import Recorder
 from server.api.request_log import RequestLogs
 from server.api.rest_body import BodyDecoder, read_body
 from server.api.tfs import signature_def_map
 from server.api.tfs_model_service import model_status
+from server.core.example_methods import CLASSIFY, REGRESS, ExampleMethods
 from server.core.inference import infer, predictor_of
 from server.core.servables import Registry, Servable
-from server.errors import InvalidInput, NotFound, Unimplemented
+from server.errors import InvalidInput, NotFound
 from server.limits import MAX_VERSION, ascii_int64
 
 PROTOCOL = "tfserving-rest"
@@ -49,10 +52,11 @@ def _signature_def_json(servable: Servable) -> Any:
 
 
 class TfsRest(rest.RestFrontEnd):
-    def __init__(self, registry: Registry, max_body_bytes: int, decoder: BodyDecoder,
+    def __init__(self, registry: Registry, max_body_bytes: int, decoder: BodyDecoder, methods: ExampleMethods,
                  default_timeout_s: float | None = None, logs: RequestLogs | None = None) -> None:
         """`default_timeout_s`: a request's deadline when it sends none (--rest-api-timeout-ms)."""
         super().__init__(Recorder(registry, PROTOCOL), default_timeout_s)
+        self._methods = methods
         self._logs = logs
         self._registry = registry
         self._max_body_bytes = max_body_bytes
@@ -91,10 +95,10 @@ class TfsRest(rest.RestFrontEnd):
     @rest.rest_call("Predict", drained=True, counted=True)
     async def post(self, request: web.Request, call: Call) -> web.StreamResponse:
         call.name, version, label, suffix = self._parse(request)
+        if suffix not in VERBS:
+            raise InvalidInput(f"POST takes {', '.join(VERBS)}, not '{suffix or request.path}'")
         if suffix != ":predict":
-            if suffix in VERBS:
-                raise Unimplemented(f"'{suffix[1:]}' is not served here; use :predict")
-            raise InvalidInput(f"POST takes :predict, not '{suffix or request.path}'")
+            return await self._examples(request, call, version, label, suffix[1:])
         deadline = self.deadline(request)
         call.servable = servable = self._registry.resolve(call.name, version, label)
         raw = await read_body(request, self._max_body_bytes)
@@ -109,6 +113,47 @@ class TfsRest(rest.RestFrontEnd):
             logger.put(request_log.predict_record_of_arrays(result.servable, result.signature, logger.rate,
                                                             inputs or {}, result.outputs))
         return response
+
+
+    async def _examples(self, request: web.Request, call: Call, version: int | None, label: str | None,
+                        verb: str) -> web.StreamResponse:
+        """:classify or :regress."""
+        call.method = verb.capitalize()
+        method = CLASSIFY if verb == "classify" else REGRESS
+        deadline = self.deadline(request)
+        call.servable = servable = self._registry.resolve(call.name, version, label)
+        raw = await read_body(request, self._max_body_bytes)
+        signature, examples, context = await self._decoder.run(
+            len(raw) <= tf_example.INLINE_JSON_BYTES, tf_example_json.decode_body, raw, verb,
+            _example_features(servable), self._max_body_bytes)
+        merged = tf_example.merged(examples, context)
+        if method == CLASSIFY:
+            result = await call.infer(self._methods.classify(servable, signature, merged, deadline))
+            body, kind = tf_example_json.classification_json(result.outputs), "classify_log"
+        else:
+            result = await call.infer(self._methods.regress(servable, signature, merged, deadline))
+            body, kind = tf_example_json.regression_json(result.outputs), "regress_log"
+        response = rest.json_response(body)
+        response.headers[request_timing.SERVER_TIMING] = request_timing.server_timing(call.answered())
+        logger = None if self._logs is None else self._logs.sample(result.servable)
+        if logger is not None:
+            grpc_form = (tfs_examples.classification_response if method == CLASSIFY
+                         else tfs_examples.regression_response)(result)
+            logger.put(request_log.example_record(result.servable, result.signature, logger.rate, kind,
+                                                  tf_example.request_bytes(
+                                                      result.servable.name, result.signature, examples, context),
+                                                  grpc_form))
+        return response
+
+
+def _example_features(servable: Servable) -> dict[str, Any]:
+    """The example features of each signature that takes one string input (built once a version)."""
+    features = servable.cache.get("example-features")
+    if features is None:
+        model = predictor_of(servable).model
+        features = servable.cache["example-features"] = {name: signature.features for name, signature
+                                                         in model.signatures.items() if signature.features}
+    return features
 
 
 def _input_specs(servable: Servable) -> dict[str, Any]:

@@ -1,6 +1,8 @@
-"""tensorflow.serving.PredictionService over grpc.aio. It only translates: protos to plain
-types, the model spec to a servable (server.core.servables), one call into its Predictor, plain types
-back to protos, and domain errors to status codes through server.api.status's table."""
+"""tensorflow.serving.PredictionService over grpc.aio: Predict, Classify, Regress, MultiInference
+and GetModelMetadata. It only translates: protos to plain types, the model spec to a servable
+(server.core.servables), one call into the core (Predict's `infer`, the example methods through
+server.api.tfs_examples), plain types back to protos, and domain errors to status codes through
+server.api.status's table."""
 
 from __future__ import annotations
 
@@ -9,14 +11,25 @@ from typing import Any
 
 import grpc
 
-from protos.tensorflow_serving import get_model_metadata_pb2, model_pb2, predict_pb2, prediction_service_pb2
+from protos.tensorflow_serving import (
+    classification_pb2,
+    get_model_metadata_pb2,
+    inference_pb2,
+    model_pb2,
+    predict_pb2,
+    prediction_service_pb2,
+    regression_pb2,
+    serialized_input_pb2,
+)
 from server import codec
-from server.api import request_log, request_timing
+from server.api import request_log, request_timing, tfs_examples
 from server.api.admission import Admission, Call, ConcurrencyLimit, add_limited_handlers, deadline_of, grpc_call
 from server.api.recording import Recorder
 from server.api.request_log import RequestLogs
 from server.api.status import parse
-from server.core.inference import infer
+from server.api.tfs_examples import ExampleCalls
+from server.core.example_methods import CLASSIFY, REGRESS, combined
+from server.core.inference import Inference, infer
 from server.core.servables import Registry, Servable
 from server.errors import InvalidInput
 
@@ -66,10 +79,12 @@ class PredictionServicer(Admission):
     calls are counted for the drain (server.api.admission).
     """
 
-    def __init__(self, registry: Registry, max_tensor_bytes: int, logs: RequestLogs | None = None) -> None:
+    def __init__(self, registry: Registry, max_tensor_bytes: int, examples: ExampleCalls,
+                 logs: RequestLogs | None = None) -> None:
         super().__init__(Recorder(registry, PROTOCOL))
         self._registry = registry
         self._max_tensor_bytes = max_tensor_bytes
+        self._examples = examples
         self._logs = logs
 
     @staticmethod
@@ -101,6 +116,62 @@ class PredictionServicer(Admission):
             logger.put(request_log.predict_record(result.servable, result.signature, logger.rate, request, response))
         return response
 
+    async def _example_call(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call, method: str) -> Any:
+        """Classify or Regress: the same request fields, a different signature and result."""
+        deadline = deadline_of(context)
+        request = parse(serialized_input_pb2.SerializedExamplesRequest, raw)
+        spec = request.model_spec
+        call.name = spec.name
+        call.servable = servable = self._registry.resolve(spec.name, *version_choice(spec))
+        result = await call.infer(self._examples.run(servable, method, request, deadline))
+        if method == CLASSIFY:
+            response, kind = tfs_examples.classification_response(result), "classify_log"
+        else:
+            response, kind = tfs_examples.regression_response(result), "regress_log"
+        context.set_trailing_metadata(request_timing.trailers(call.answered()))
+        self._log(result.servable, result.signature, kind, raw, response)
+        return response
+
+    def _log(self, servable: Servable, signature: str, kind: str, raw: bytes, response: Any) -> None:
+        logger = None if self._logs is None else self._logs.sample(servable)
+        if logger is not None:
+            logger.put(request_log.example_record(servable, signature, logger.rate, kind, raw, response))
+
+    @grpc_call("Classify", drained=True, counted=True)
+    async def classify(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
+        return await self._example_call(raw, context, call, CLASSIFY)
+
+    @grpc_call("Regress", drained=True, counted=True)
+    async def regress(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
+        return await self._example_call(raw, context, call, REGRESS)
+
+    @grpc_call("MultiInference", drained=True, counted=True)
+    async def multi_inference(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
+        deadline = deadline_of(context)
+        request = parse(serialized_input_pb2.SerializedMultiInferenceRequest, raw)
+        names = {task.model_spec.name for task in request.tasks}
+        if "" in names:
+            raise InvalidInput("Found ModelSpec with an empty model name.")
+        if len(names) > 1:
+            raise InvalidInput(f"All ModelSpecs in a MultiInferenceRequest must access the same model name; they "
+                               f"name {', '.join(sorted(repr(n[:100]) for n in names)[:5])}")
+        if not request.tasks:
+            raise InvalidInput("the request has no tasks; MultiInference runs at least one")
+        spec = request.tasks[0].model_spec
+        call.name = spec.name
+        call.servable = servable = self._registry.resolve(spec.name, *version_choice(spec))
+        results: list[Inference] = []
+
+        async def run() -> Inference:
+            results.extend(await self._examples.multi_inference(servable, request, deadline))
+            return combined(results)
+
+        await call.infer(run())
+        response = tfs_examples.multi_inference_response(results, [t.method_name for t in request.tasks])
+        context.set_trailing_metadata(request_timing.trailers(call.answered()))
+        self._log(servable, results[0].signature, "multi_inference_log", raw, response)
+        return response
+
     @grpc_call("GetModelMetadata", drained=True)
     async def get_model_metadata(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
         request = parse(get_model_metadata_pb2.GetModelMetadataRequest, raw)
@@ -126,5 +197,8 @@ def add_to_server(servicer: PredictionServicer, server: grpc.aio.Server, limit: 
     within the server's concurrency limit."""
     add_limited_handlers(server, SERVICE, {
         "Predict": (servicer.predict, predict_pb2.PredictResponse),
+        "Classify": (servicer.classify, classification_pb2.ClassificationResponse),
+        "Regress": (servicer.regress, regression_pb2.RegressionResponse),
+        "MultiInference": (servicer.multi_inference, inference_pb2.MultiInferenceResponse),
         "GetModelMetadata": (servicer.get_model_metadata, get_model_metadata_pb2.GetModelMetadataResponse),
     }, servicer.recorder, limit)

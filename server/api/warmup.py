@@ -7,9 +7,9 @@ As in TF Serving: the file is a TFRecord file of `PredictionLog`s, read a record
 (each runs before the next is read); more than MAX_RECORDS records fail the load, so do a corrupt
 record and a record that fails; each record runs `iterations` times
 (--num_request_iterations_for_warmup); the model spec in a record is ignored (the version being
-loaded answers); no file is no warmup. Unlike TF Serving,
-records of kinds this server does not serve (classify, regress, multi-inference, session run,
-streamed predict) are skipped and counted in the log line instead of failing the load.
+loaded answers); no file is no warmup. Predict, Classify, Regress and MultiInference records are
+run. Unlike TF Serving, records of kinds this server does not serve (session run, streamed
+predict) are skipped and counted in the log line instead of failing the load.
 
 A failure is a LoadError naming the file and the record, so the lifecycle fails that version's
 load like a corrupt SavedModel: versions already serving go on serving. The file is read through
@@ -22,17 +22,20 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from protos.tensorflow_serving import prediction_log_pb2
+from protos.tensorflow_serving import prediction_log_pb2, serialized_input_pb2
 from protos.tf.tensorflow.core.protobuf import error_codes_pb2
 from protos.tf.tensorflow.core.protobuf.error_codes_pb2 import DATA_LOSS, INTERNAL, INVALID_ARGUMENT
 from server import codec, metrics, tfrecords
 from server.api.status import STATUS_FOR
+from server.api.tfs_examples import ExampleCalls
+from server.core.example_methods import CLASSIFY, REGRESS
 from server.core.inference import infer
 from server.core.model_process import LoadError
 from server.core.servables import Servable
@@ -90,9 +93,10 @@ def _failure(exc: Exception) -> tuple[int, str]:
 class Warmup:
     """The lifecycle's warm-up hook: replays a version's warmup file, if it has one."""
 
-    def __init__(self, iterations: int, max_tensor_bytes: int) -> None:
+    def __init__(self, iterations: int, max_tensor_bytes: int, examples: ExampleCalls) -> None:
         self._iterations = iterations
         self._max_tensor_bytes = max_tensor_bytes
+        self._examples = examples
 
     async def __call__(self, servable: Servable) -> Replayed | None:
         path = Path(servable.path) / WARMUP_FILE
@@ -123,16 +127,32 @@ class Warmup:
         except DecodeError as exc:
             raise LoadError(INVALID_ARGUMENT, f"{path}: record {index} is not a PredictionLog: {exc}") from None
         kind = record.WhichOneof("log_type")
-        if kind != "predict_log":
-            done.skipped[kind or "empty"] += 1
-            return
-        request = record.predict_log.request
         try:
-            inputs = {name: codec.to_ndarray(tensor, name=name, max_bytes=self._max_tensor_bytes)
-                      for name, tensor in request.inputs.items()}
+            run = self._runner(servable, record, kind)
+            if run is None:
+                done.skipped[kind or "empty"] += 1
+                return
             for _ in range(self._iterations):
-                await infer(servable, request.model_spec.signature_name, inputs, request.output_filter, None)
+                await run()
                 done.requests += 1
         except Exception as exc:  # any failure fails the load, named
             code, message = _failure(exc)
-            raise LoadError(code, f"{path}: record {index} (predict_log) failed: {message}") from None
+            raise LoadError(code, f"{path}: record {index} ({kind}) failed: {message}") from None
+
+    def _runner(self, servable: Servable, record: Any, kind: str | None) -> Callable[[], Awaitable[object]] | None:
+        """The call a record makes (decoded once, run `iterations` times), or None for a kind not served."""
+        if kind == "predict_log":
+            request = record.predict_log.request
+            inputs = {name: codec.to_ndarray(tensor, name=name, max_bytes=self._max_tensor_bytes)
+                      for name, tensor in request.inputs.items()}
+            return lambda: infer(servable, request.model_spec.signature_name, inputs, request.output_filter, None)
+        if kind in ("classify_log", "regress_log"):
+            examples = serialized_input_pb2.SerializedExamplesRequest.FromString(
+                getattr(record, kind).request.SerializeToString())
+            method = CLASSIFY if kind == "classify_log" else REGRESS
+            return lambda: self._examples.run(servable, method, examples, None)
+        if kind == "multi_inference_log":
+            multi = serialized_input_pb2.SerializedMultiInferenceRequest.FromString(
+                record.multi_inference_log.request.SerializeToString())
+            return lambda: self._examples.multi_inference(servable, multi, None)
+        return None

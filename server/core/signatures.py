@@ -44,23 +44,50 @@ MAX_CACHED_LAYOUTS = 256
 
 
 @dataclass(frozen=True)
+class ExampleFeature:
+    """One feature a signature's tf.io.parse_example reads from each serialized tf.Example (found in
+    its graph at load), as TensorFlow checks it: a feature the example has must be of `kind`; a
+    dense feature must hold as many values as its shape; a required one must be there."""
+
+    kind: str
+    """The tf.train.Feature list it must be: "bytes_list", "float_list" or "int64_list"."""
+    shape: tuple[int, ...] | None
+    """A dense feature's shape per example (-1 first for a variable-length one); None for a sparse
+    or ragged feature, which may hold any number of values."""
+    required: bool
+    """A dense feature without a default: an example without it fails the model."""
+
+
+@dataclass(frozen=True)
 class Signature:
     name: str
     inputs: Mapping[str, TensorSpec]
     outputs: Mapping[str, TensorSpec]
+    features: Mapping[str, ExampleFeature] | None = None
+    """For a signature that parses serialized tf.Examples: the features it reads, so that each
+    example of a Classify or Regress request is checked before it can share a batch; None when the
+    graph holds no parse op this server can read (the model then checks the examples itself)."""
+    warm_up_example: bytes | None = None
+    """With `features`: a serialized tf.Example holding every required feature (zeros), which the
+    warm-up runs in place of empty strings that its parse would refuse."""
     _layouts: dict[tuple[object, ...], BatchKey] = field(default_factory=dict, compare=False, repr=False)
     """Input layouts (names, dtypes, non-batch dimensions) already validated, with their batch key:
     a request path costs ~4x what a micro-benchmark shows on a loaded server, so the repeat checks
     are skipped."""
 
     def example(self, rows: int) -> dict[str, np.ndarray]:
-        """`rows` rows of zeros (empty strings) for every input, unknown dimensions 1: what warm-up
-        runs, so tracing and first-use set-up never land on a real request."""
+        """`rows` rows of zeros (empty strings, or the warm-up example) for every input, unknown
+        dimensions 1: what warm-up runs, so tracing and first-use set-up never land on a real request."""
         batch = {}
+        text = self.warm_up_example or b""
         for name, spec in self.inputs.items():
             assert spec.shape is not None
             shape = (rows, *(1 if d is None else d for d in spec.shape[1:]))
-            batch[name] = np.full(shape, b"", dtype=object) if spec.dtype.kind == "O" else np.zeros(shape, spec.dtype)
+            if spec.dtype.kind == "O":
+                batch[name] = np.empty(shape, dtype=object)
+                batch[name].fill(text)  # np.full would make it a numpy string first, dropping trailing NULs
+            else:
+                batch[name] = np.zeros(shape, spec.dtype)
         return batch
 
     def admit(self, inputs: Mapping[str, np.ndarray]) -> tuple[int, BatchKey]:

@@ -8,6 +8,7 @@ holds its own copy of the variables.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
 from server.core.signatures import ModelInfo, Signature, SignatureDefinition, TensorInfo, TensorSpec
 from server.dtypes import numpy_dtype
+from server.worker.example_features import example_features, warm_up_example
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,17 @@ def signature_from_def(name: str, sdef: SignatureDefinition) -> Signature:
     return Signature(name=name, inputs=specs(sdef.inputs), outputs=specs(sdef.outputs))
 
 
+def _with_features(signature: Signature, function: Any) -> Signature:
+    """A signature of one string input may take serialized tf.Examples: note what it parses."""
+    inputs = list(signature.inputs.values())
+    if len(inputs) != 1 or inputs[0].dtype != object:
+        return signature
+    features = example_features(function)
+    if not features:
+        return signature
+    return dataclasses.replace(signature, features=features, warm_up_example=warm_up_example(features))
+
+
 def _numpy(enum: int) -> np.dtype:
     try:
         name = str(types_pb2.DataType.Name(enum))
@@ -79,8 +92,8 @@ def load(version_dir: str | Path, name: str, version: int, strategy: tf.distribu
     defs = read_signature_defs(version_dir)
     with strategy.scope():
         handle = tf.saved_model.load(str(version_dir))
-    signatures = {k: signature_from_def(k, d) for k, d in defs.items()}
-    functions = {k: handle.signatures[k] for k in signatures}
+    functions = {k: handle.signatures[k] for k in defs}
+    signatures = {k: _with_features(signature_from_def(k, d), functions[k]) for k, d in defs.items()}
     unservable = {k: p for k, s in signatures.items() if (p := s.batching_problem()) is not None}
     info = ModelInfo(name=name, version=version, signatures=signatures, unservable=unservable)
     return LoadedModel(info=info, path=version_dir, signature_defs=defs, functions=functions, handle=handle)

@@ -1,0 +1,126 @@
+"""TF Serving's REST classify and regress JSON (g3doc/api_rest.md) <-> serialized tf.Examples and
+results. Pure: no HTTP.
+
+A body is `{"signature_name": ..., "context": {features}, "examples": [{features}, ...]}`; a
+feature is a value or a list of values, all of one kind, typed as TF Serving types them
+(util/json_tensor.cc): an integer (or true/false) is int64, a number with a fraction or exponent
+float, a string bytes (its UTF-8), {"b64": "..."} bytes (decoded). One difference: a list of
+numbers some of which have a fraction is all floats, where TF Serving refuses it. An empty list is
+a feature with no list set, which the model treats as absent. Answers are `{"results": [[[label, score], ...], ...]}`
+for classify and `{"results": [value, ...]}` for regress.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from protos.tf.tensorflow.core.example import example_pb2
+from server.api import json_codec, tf_example
+from server.api.tfs_examples import label_text
+from server.core.example_methods import CLASSES, OUTPUTS, SCORES
+from server.core.signatures import DEFAULT_SIGNATURE, ExampleFeature
+from server.errors import InvalidInput
+
+FIELDS = ("signature_name", "context", "examples")
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def decode_body(raw: bytes, verb: str, features: Mapping[str, Mapping[str, ExampleFeature] | None], max_bytes: int
+                ) -> tuple[str, list[bytes], bytes]:
+    """(signature_name, the serialized examples, the serialized context or b"") of a classify or
+    regress body, each example checked against the features of the signature it names (when that
+    signature takes examples: `features` has them by signature). Picklable: a large body is
+    decoded in the helper process (server.api.rest_body)."""
+    body = json_codec.loads(raw)
+    if not isinstance(body, dict):
+        raise InvalidInput('the body must be a JSON object: {"examples": [...]}, optionally with "context" and '
+                           '"signature_name"')
+    unknown = sorted(set(body) - set(FIELDS))
+    if unknown:
+        raise InvalidInput(f"unknown field {', '.join(repr(u[:100]) for u in unknown[:5])} in the body; "
+                           f"known: {', '.join(FIELDS)}")
+    signature_name = body.get("signature_name", "")
+    if not isinstance(signature_name, str):
+        raise InvalidInput('"signature_name" must be a string')
+    if "examples" not in body:
+        raise InvalidInput(f"When method is {verb}, key 'examples' is expected and was not found")
+    values = body["examples"]
+    if not isinstance(values, list):
+        raise InvalidInput("Expecting 'examples' value to be an list/array")
+    if not values:
+        raise InvalidInput("'examples' value is an empty array")
+    context = example_from_json(body["context"], "the context").SerializeToString() if "context" in body else b""
+    examples = [example_from_json(value, f"example {i}").SerializeToString() for i, value in enumerate(values)]
+    tf_example.check_size(examples, context, max_bytes)
+    tf_example.check(examples, context, features.get(signature_name or DEFAULT_SIGNATURE))
+    return signature_name, examples, context
+
+
+def example_from_json(value: Any, where: str) -> Any:
+    """A tf.Example from a JSON object of features."""
+    if not isinstance(value, dict) or json_codec.is_b64(value):
+        raise InvalidInput(f"{where}: Example must be JSON object but got JSON {_json_type(value)}")
+    example = example_pb2.Example()
+    features = example.features.feature
+    for name, content in value.items():
+        feature = features[name]
+        items = content if isinstance(content, list) else (content,)
+        # Numbers with and without a fraction together are floats (TF Serving refuses [1.5, 2]).
+        floats = any(isinstance(i, float) for i in items) and all(
+            isinstance(i, (int, float)) and not isinstance(i, bool) for i in items)
+        for item in items:
+            _add_value(feature, float(item) if floats else item, name, where)
+    return example
+
+
+def _add_value(feature: Any, item: Any, name: str, where: str) -> None:
+    """Append one JSON value to a feature, refusing a value of another kind than the ones before."""
+    value: int | float | bytes
+    if isinstance(item, bool):
+        kind, value = "int64_list", int(item)
+    elif isinstance(item, int):
+        if not INT64_MIN <= item <= INT64_MAX:
+            raise InvalidInput(f"{where}: feature '{name}' has an integer out of int64's range; only int64 is "
+                               f"supported")
+        kind, value = "int64_list", item
+    elif isinstance(item, float):
+        kind, value = "float_list", float(np.float32(item))
+    elif isinstance(item, str):
+        kind, value = "bytes_list", json_codec.text_bytes(item)
+    elif json_codec.is_b64(item):
+        kind, value = "bytes_list", json_codec.b64_bytes(item, f"{where}: feature '{name}'")
+    else:
+        raise InvalidInput(f"{where}: feature '{name}' has an element of JSON type {_json_type(item)}; a feature "
+                           f"is a number, a string, true/false, {{\"b64\": ...}}, or a list of one kind of them")
+    have = feature.WhichOneof("kind")
+    if have is not None and have != kind:
+        raise InvalidInput(f"{where}: Unexpected element type in feature: {name} expecting type: "
+                           f"{have.split('_')[0]} (got a {kind.split('_')[0]} value)")
+    getattr(feature, kind).value.append(value)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}.get(
+        type(value), type(value).__name__)
+
+
+def classification_json(outputs: Mapping[str, np.ndarray]) -> Any:
+    """{"results": per example, [label, score] per class} (a label "" without classes, a score 0
+    without scores, as the gRPC result). Scores stay float32, which the JSON writer prints in
+    their shortest form."""
+    classes = outputs.get(CLASSES)
+    scores = outputs.get(SCORES)
+    rows, columns = (classes if classes is not None else scores).shape  # type: ignore[union-attr]
+    if scores is None:
+        scores = np.zeros((rows, columns), np.float32)
+    return {"results": [[[label_text(classes[row, column]) if classes is not None else "", scores[row, column]]
+                         for column in range(columns)] for row in range(rows)]}
+
+
+def regression_json(outputs: Mapping[str, np.ndarray]) -> Any:
+    return {"results": outputs[OUTPUTS]}
