@@ -23,7 +23,7 @@ followed by the example's, TF Serving's own merge.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -49,10 +49,12 @@ helper process."""
 
 
 async def read(serialized_input: Any, features: Mapping[str, ExampleFeature] | None, max_bytes: int,
-               decoder: BodyDecoder) -> list[bytes]:
+               decoder: BodyDecoder, check_count: Callable[[int], None]) -> list[bytes]:
     """The examples of a SerializedInput, checked and merged with their context: what the
-    signature's "inputs" gets."""
+    signature's "inputs" gets. `check_count` refuses a number of examples that could never be
+    queued, before they cost a check each."""
     examples, context = examples_of(serialized_input, max_bytes)
+    check_count(len(examples))
     if len(examples) * (len(features or ()) + 1) <= INLINE_CHECKS:
         check(examples, context, features)
     else:

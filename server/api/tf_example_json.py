@@ -22,18 +22,19 @@ from server.api import json_codec, tf_example
 from server.api.tfs_examples import label_text
 from server.core.example_methods import CLASSES, OUTPUTS, SCORES
 from server.core.signatures import DEFAULT_SIGNATURE, ExampleFeature
-from server.errors import InvalidInput
+from server.errors import InvalidInput, Overloaded
 
 FIELDS = ("signature_name", "context", "examples")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
-def decode_body(raw: bytes, verb: str, features: Mapping[str, Mapping[str, ExampleFeature] | None], max_bytes: int
-                ) -> tuple[str, list[bytes], bytes]:
+def decode_body(raw: bytes, verb: str, features: Mapping[str, Mapping[str, ExampleFeature] | None], max_bytes: int,
+                max_examples: int) -> tuple[str, list[bytes], bytes]:
     """(signature_name, the serialized examples, the serialized context or b"") of a classify or
     regress body, each example checked against the features of the signature it names (when that
-    signature takes examples: `features` has them by signature). Picklable: a large body is
-    decoded in the helper process (server.api.rest_body)."""
+    signature takes examples: `features` has them by signature); more than `max_examples` (what
+    could ever be queued) are refused before they are built. Picklable: a large body is decoded
+    in the helper process (server.api.rest_body)."""
     body = json_codec.loads(raw)
     if not isinstance(body, dict):
         raise InvalidInput('the body must be a JSON object: {"examples": [...]}, optionally with "context" and '
@@ -52,6 +53,8 @@ def decode_body(raw: bytes, verb: str, features: Mapping[str, Mapping[str, Examp
         raise InvalidInput("Expecting 'examples' value to be an list/array")
     if not values:
         raise InvalidInput("'examples' value is an empty array")
+    if len(values) > max_examples:
+        raise Overloaded(f"request has {len(values)} examples; at most {max_examples} rows may be queued")
     context = example_from_json(body["context"], "the context").SerializeToString() if "context" in body else b""
     examples = [example_from_json(value, f"example {i}").SerializeToString() for i, value in enumerate(values)]
     tf_example.check_size(examples, context, max_bytes)

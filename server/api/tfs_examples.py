@@ -14,7 +14,7 @@ from protos.tensorflow_serving import classification_pb2, inference_pb2, model_p
 from server.api import tf_example
 from server.api.rest_body import BodyDecoder
 from server.core.example_methods import CLASSES, CLASSIFY, OUTPUTS, REGRESS, SCORES, ExampleMethods, Task
-from server.core.inference import Inference
+from server.core.inference import Inference, predictor_of
 from server.core.servables import Servable
 
 
@@ -34,7 +34,8 @@ class ExampleCalls:
     async def examples(self, servable: Servable, signature: str, method: str, serialized_input: Any) -> list[bytes]:
         """The input's examples, checked against the signature they go to and merged."""
         chosen = self.methods.signature(servable, signature, method)
-        return await tf_example.read(serialized_input, chosen.features, self._max_bytes, self._decoder)
+        return await tf_example.read(serialized_input, chosen.features, self._max_bytes, self._decoder,
+                                     predictor_of(servable).batcher.check_size)
 
     async def run(self, servable: Servable, method: str, request: Any, deadline: float | None) -> Inference:
         """A SerializedExamplesRequest (Classify's or Regress's) on `servable`."""

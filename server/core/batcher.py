@@ -247,6 +247,16 @@ class Batcher:
         self._slots = asyncio.Semaphore(self._max_inflight)
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="batcher")
 
+    @property
+    def max_queued_rows(self) -> int:
+        return self._max_queued_rows
+
+    def check_size(self, rows: int) -> None:
+        """Overloaded if a request of `rows` rows could never be queued: callers whose decoding
+        costs per row ask before they decode."""
+        if rows > self._max_queued_rows:
+            raise Overloaded(f"request has {rows} rows; at most {self._max_queued_rows} rows may be queued")
+
     async def submit(
         self, key: Hashable, inputs: Mapping[str, np.ndarray], rows: int, *, deadline: float | None = None
     ) -> Answer:
@@ -257,8 +267,7 @@ class Batcher:
         """
         if self._closed or self._task is None:
             raise Unavailable("the server is not accepting requests (draining or not started)")
-        if rows > self._max_queued_rows:
-            raise Overloaded(f"request has {rows} rows; at most {self._max_queued_rows} rows may be queued")
+        self.check_size(rows)
         if self._queued_rows + rows > self._max_queued_rows:
             raise Overloaded(
                 f"queue full: {self._queued_rows} rows waiting, bound {self._max_queued_rows}; retry later"

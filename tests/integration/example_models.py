@@ -94,10 +94,11 @@ def example(x: Sequence[float] | None = None, age: int | None = None, tags: Sequ
 
 
 def random_examples(rng: random.Random, count: int, context: bool = False) -> list[bytes]:
-    """Serialized examples with random features; with `context`, without "age" (the context has it)."""
+    """Serialized examples with random features; with `context`, only "x" (the context has the rest)."""
     return [example([round(rng.uniform(-2, 2), 3), round(rng.uniform(-2, 2), 3)],
                     None if context or rng.random() < 0.3 else rng.randrange(0, 90),
-                    [f"t{i}" for i in range(rng.randrange(0, 4))]).SerializeToString() for _ in range(count)]
+                    None if context else [f"t{i}" for i in range(rng.randrange(0, 4))]).SerializeToString()
+            for _ in range(count)]
 
 
 def merged(examples: Sequence[bytes], context: bytes | None) -> list[bytes]:

@@ -2,21 +2,22 @@
 writes a warmup file the way TF Serving's documentation does (PredictionLog records, serialized,
 through TensorFlow's own tf.io.TFRecordWriter).
 
-usage: official_warmup_writer.py OUT INPUTS.npz [CLASSIFY_RECORDS]
+usage: official_warmup_writer.py OUT INPUTS.npz [SESSION_RUN_RECORDS]
 Each array "<record>/<input>" of INPUTS.npz becomes input <input> of predict record <record>
-(records in sorted order); then CLASSIFY_RECORDS classify_log records (default 0).
+(records in sorted order); then SESSION_RUN_RECORDS session_run_log records (default 0), a kind
+the server skips.
 """
 
 import sys
 
 import numpy as np
 import tensorflow as tf
-from tensorflow_serving.apis import classification_pb2, predict_pb2, prediction_log_pb2
+from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
 
 def main() -> None:
     out, inputs_path = sys.argv[1:3]
-    classify = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    session_runs = int(sys.argv[3]) if len(sys.argv) > 3 else 0
     records: dict[str, dict[str, np.ndarray]] = {}
     with np.load(inputs_path) as arrays:
         for key in arrays.files:
@@ -31,11 +32,8 @@ def main() -> None:
                 request.inputs[name].CopyFrom(tf.make_tensor_proto(array))
             log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(log.SerializeToString())
-        for _ in range(classify):
-            request = classification_pb2.ClassificationRequest()
-            request.model_spec.name = "whatever"
-            request.input.example_list.examples.add()
-            log = prediction_log_pb2.PredictionLog(classify_log=prediction_log_pb2.ClassifyLog(request=request))
+        for _ in range(session_runs):
+            log = prediction_log_pb2.PredictionLog(session_run_log=prediction_log_pb2.SessionRunLog())
             writer.write(log.SerializeToString())
     print(out)
 

@@ -309,7 +309,8 @@ BAD = {
     "unknown signature": ("/v1/models/demo:predict", {"signature_name": "zz", "instances": [[0] * 8]}, 400,
                           "signature 'zz' not found"),
     "unknown model": ("/v1/models/nope:predict", {"instances": [[0] * 8]}, 404, "model 'nope' not found"),
-    "classify": ("/v1/models/demo:classify", {"instances": [[0] * 8]}, 501, "'classify' is not served"),
+    "classify on a predict signature": ("/v1/models/demo:classify", {"examples": [{"x": 1}]}, 400,
+                                        "cannot classify: a classify signature has exactly one input, 'inputs'"),
     "v2 shape against data": ("/v2/models/demo/infer", {"inputs": [
         {"name": "x", "shape": [2, 8], "datatype": "FP32", "data": [0] * 8}]}, 400, "needs 16 values, got 8"),
     "v2 huge shape": ("/v2/models/demo/infer", {"inputs": [

@@ -37,8 +37,9 @@ def image(rows: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).random((rows, SIZE, SIZE, 3), dtype=np.float32)
 
 
-def write_warmup(version_dir: Path, records: dict[str, dict[str, np.ndarray]], classify: int = 0) -> Path:
-    """A warmup file of predict records (and `classify` classify records), by the official package."""
+def write_warmup(version_dir: Path, records: dict[str, dict[str, np.ndarray]], session_runs: int = 0) -> Path:
+    """A warmup file of predict records (and `session_runs` session_run records, a kind this
+    server skips), by the official package."""
     target = version_dir / WARMUP
     target.parent.mkdir(parents=True, exist_ok=True)
     arrays = version_dir.parent / f"{version_dir.name}-warmup.npz"
@@ -46,7 +47,7 @@ def write_warmup(version_dir: Path, records: dict[str, dict[str, np.ndarray]], c
                         for name, array in inputs.items()})
     env = {**os.environ, "PYTHONPATH": official_client_path(), "TF_CPP_MIN_LOG_LEVEL": "2"}
     done = subprocess.run([sys.executable, str(HERE / "official_warmup_writer.py"), str(target), str(arrays),
-                           str(classify)], env=env, capture_output=True, text=True, timeout=300)
+                           str(session_runs)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     arrays.unlink()
     return target
@@ -138,7 +139,7 @@ def test_a_warmup_file_makes_the_first_request_as_fast_as_the_steady_ones(
     base.mkdir()
     records = {"a": {"image": image(1, 100)}, "b": {"image": image(3, 101)}}
     for version in (1, 2, 3):
-        add_version(base, version, convolution, records=records, classify=2)
+        add_version(base, version, convolution, records=records, session_runs=2)
     config = tmp_path / "models.config"
     config.write_text(f'model_config_list {{ config {{ name: "conv" base_path: "{base}" '
                       f'model_version_policy {{ all {{}} }} }} }}\n')
@@ -160,7 +161,7 @@ def test_a_warmup_file_makes_the_first_request_as_fast_as_the_steady_ones(
             for version in (1, 2, 3):
                 assert (f"warmed up model=conv version={version} from {base / str(version) / WARMUP}: "
                         f"4 records, 2 requests in " in log), log
-            assert log.count("; skipped (not served here): 2 classify_log") == 3
+            assert log.count("; skipped (not served here): 2 session_run_log") == 3
             assert warmups == 3
     print({label: f"first requests {', '.join(f'{f * 1e3:.1f}' for f in firsts)} ms; steady p99 {p99 * 1e3:.1f} ms"
            for label, (firsts, p99) in results.items()})

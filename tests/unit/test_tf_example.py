@@ -186,7 +186,7 @@ def test_a_check_passes_exactly_when_tensorflow_parses() -> None:
 def test_json_examples_are_typed_as_tf_serving_types_them() -> None:
     body = (b'{"signature_name": "s", "context": {"c": "text"}, "examples": [{"i": 3, "f": 1.5, "b": true, '
             b'"l": [1, 2], "fl": [1.0, 2], "s": ["a", {"b64": "AAE="}], "e": []}]}')
-    name, examples, context = tf_example_json.decode_body(body, "classify", {}, 1 << 20)
+    name, examples, context = tf_example_json.decode_body(body, "classify", {}, 1 << 20, 100)
     assert name == "s"
     parsed = tf.train.Example.FromString(examples[0]).features.feature
     assert tf.train.Example.FromString(context).features.feature["c"].bytes_list.value == [b"text"]
@@ -220,10 +220,10 @@ def test_json_examples_are_typed_as_tf_serving_types_them() -> None:
 ])
 def test_json_examples_refused_by_name(body: bytes, message: str | None) -> None:
     if message is None:
-        tf_example_json.decode_body(body, "classify", {}, 1 << 20)
+        tf_example_json.decode_body(body, "classify", {}, 1 << 20, 100)
         return
     with pytest.raises(InvalidInput) as caught:
-        tf_example_json.decode_body(body, "classify", {}, 1 << 20)
+        tf_example_json.decode_body(body, "classify", {}, 1 << 20, 100)
     assert str(caught.value).startswith(message), str(caught.value)
 
 
