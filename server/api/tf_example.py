@@ -53,8 +53,7 @@ async def read(serialized_input: Any, features: Mapping[str, ExampleFeature] | N
     """The examples of a SerializedInput, checked and merged with their context: what the
     signature's "inputs" gets. `check_count` refuses a number of examples that could never be
     queued, before they cost a check each."""
-    examples, context = examples_of(serialized_input, max_bytes)
-    check_count(len(examples))
+    examples, context = examples_of(serialized_input, max_bytes, check_count)
     if len(examples) * (len(features or ()) + 1) <= INLINE_CHECKS:
         check(examples, context, features)
     else:
@@ -69,17 +68,21 @@ def check_serialized(raw_input: bytes, features: Mapping[str, ExampleFeature] | 
     check(examples, context, features)
 
 
-def examples_of(serialized_input: Any, max_bytes: int) -> tuple[list[bytes], bytes]:
+def examples_of(serialized_input: Any, max_bytes: int, check_count: Callable[[int], None] | None = None
+                ) -> tuple[list[bytes], bytes]:
     """(the examples, the context or b"") of a tensorflow.serving.internal.SerializedInput,
-    refused when empty, or when the merged examples would pass `max_bytes` (a large context is
-    copied into every example)."""
+    refused when empty, when `check_count` refuses their number (before a Python object is made
+    for each), or when the merged examples would pass `max_bytes` (a large context is copied into
+    every example)."""
     kind = serialized_input.WhichOneof("kind")
     if kind is None:
         raise InvalidInput("the input is empty: set input.example_list or input.example_list_with_context")
     holder = getattr(serialized_input, kind)
-    examples = list(holder.examples)
-    if not examples:
+    if not holder.examples:
         raise InvalidInput(f"input.{kind} has no examples; send at least one")
+    if check_count is not None:
+        check_count(len(holder.examples))
+    examples = list(holder.examples)
     context = bytes(holder.context) if kind == WITH_CONTEXT else b""
     check_size(examples, context, max_bytes)
     return examples, context

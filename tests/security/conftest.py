@@ -43,11 +43,14 @@ def build_strings(version_dir: Path) -> None:
 
 @pytest.fixture(scope="session")
 def security_models(tmp_path_factory: pytest.TempPathFactory, model_dirs: dict[str, Path]) -> Path:
-    """A model root holding `str` (strings) and `demo`."""
+    """A model root holding `str` (strings), `classifier` (serialized tf.Examples) and `demo`."""
     import shutil
+
+    from tests.integration.example_models import build_classifier
 
     root = tmp_path_factory.mktemp("roots") / "models"
     build_strings(root / "str" / "1")
+    build_classifier(root / "classifier" / "1")
     shutil.copytree(model_dirs["demo"], root / "demo")
     return root
 
@@ -62,7 +65,8 @@ def config_file(path: Path, models: dict[str, Path]) -> Path:
 def attack_server(security_models: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """The server every attack but the control plane's aims at: default limits, management off."""
     folder = tmp_path_factory.mktemp("attack")
-    config = config_file(folder / "models.config", {"str": security_models / "str", "demo": security_models / "demo"})
+    config = config_file(folder / "models.config", {name: security_models / name for name in ("str", "demo",
+                                                                                               "classifier")})
     # grpc's queue of calls not yet picked up holds test_refusals' burst of 1,500 (the default,
     # 4 x 256, would cancel part of it), so the whole burst meets the server's own refusal.
     server = start_server(["--model-config-file", str(config), "--max-concurrent-rpcs", "256",
