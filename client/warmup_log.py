@@ -2,10 +2,10 @@
 turn captured traffic (the server's request logs, server.api.request_log) into a TF Serving warmup
 file, which the server (and TF Serving) replays before a version serves.
 
-Keeps the Predict requests (responses and metadata dropped: warmup only sends requests), of one
-model with --model, up to --max-records (TF Serving replays at most 1,000; a file with more fails
-the load), in the order of the logs given. The file is written beside its final name and renamed
-into place, so a server polling the folder never sees half of it.
+Keeps the Predict, Classify, Regress and MultiInference requests (responses and metadata dropped:
+warmup only sends requests), of one model with --model, up to --max-records (TF Serving replays at
+most 1,000; a file with more fails the load), in the order of the logs given. The file is written
+beside its final name and renamed into place, so a server polling the folder never sees half of it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from protos.tensorflow_serving import prediction_log_pb2
 from server import tfrecords
 
 MAX_RECORDS = 1000
+KINDS = ("predict_log", "classify_log", "regress_log", "multi_inference_log")
+"""The records a warmup replays."""
 
 
 def warmup_from_logs(logs: Sequence[Path], out: Path, model: str | None = None,
@@ -31,12 +33,13 @@ def warmup_from_logs(logs: Sequence[Path], out: Path, model: str | None = None,
             for raw in tfrecords.read(path):
                 read += 1
                 record = prediction_log_pb2.PredictionLog.FromString(raw)
-                if record.WhichOneof("log_type") != "predict_log":
+                kind = record.WhichOneof("log_type")
+                if kind not in KINDS:
                     continue
                 if model is not None and record.log_metadata.model_spec.name != model:
                     continue
                 warmup = prediction_log_pb2.PredictionLog()
-                warmup.predict_log.request.CopyFrom(record.predict_log.request)
+                getattr(warmup, kind).request.CopyFrom(getattr(record, kind).request)
                 writer.write(warmup.SerializeToString())
                 written += 1
                 if written == max_records:

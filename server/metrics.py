@@ -126,7 +126,8 @@ TFS_THREAD_POOL = "batch_threads"
 
 TFS_REQUEST_LATENCY = Histogram(
     ":tensorflow:serving:request_latency", "TF Serving's name: latency of OK inference requests, µs, by "
-    "model_name, API (Predict, predict on REST; ModelInfer, infer for v2) and entrypoint (GRPC or REST).",
+    "model_name, API (Predict, Classify, Regress, MultiInference; predict, classify, regress on REST; ModelInfer, "
+    "infer for v2) and entrypoint (GRPC or REST).",
     ["model_name", "API", "entrypoint"], buckets=TFS_LATENCY_BUCKETS_US,
 )
 TFS_RUNTIME_LATENCY = Histogram(

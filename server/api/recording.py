@@ -16,6 +16,9 @@ from server.core.servables import Registry, Servable
 from server.errors import ModelFailure
 
 INFERENCE_APIS = {("tfserving", "Predict"): ("Predict", "GRPC"), ("tfserving-rest", "Predict"): ("predict", "REST"),
+                  ("tfserving", "Classify"): ("Classify", "GRPC"), ("tfserving-rest", "Classify"): ("classify", "REST"),
+                  ("tfserving", "Regress"): ("Regress", "GRPC"), ("tfserving-rest", "Regress"): ("regress", "REST"),
+                  ("tfserving", "MultiInference"): ("MultiInference", "GRPC"),
                   ("v2", "ModelInfer"): ("ModelInfer", "GRPC"), ("v2-rest", "ModelInfer"): ("infer", "REST")}
 """TF Serving's API and entrypoint labels of each inference method (its series, server.metrics)."""
 

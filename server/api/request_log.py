@@ -1,7 +1,8 @@
 """Request logging, which TF Serving's config accepts but its open-source build never shipped: a
-model's `logging_config` has a share of its Predict requests (gRPC and REST), each with its
-response, written as `PredictionLog` records to TFRecord files, the format of TF Serving's warmup
-files (so `python -m client warmup-from-log` turns captured traffic into one).
+model's `logging_config` has a share of its TF Serving requests (Predict, Classify, Regress over
+gRPC and REST; MultiInference), each with its response, written as `PredictionLog` records to
+TFRecord files, the format of TF Serving's warmup files (so `python -m client warmup-from-log`
+turns captured traffic into one).
 
 - **Sampling** is one random draw per request; only a sampled request costs more: its log record
   is built and serialized on the event loop, as the request and response it holds are at hand

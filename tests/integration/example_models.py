@@ -7,6 +7,8 @@ tf.io.parse_example reading the features (not a test module).
   scores of shape [batch] (which TF Serving's rules refuse).
 - scorer: "serving_default" classifies with scores only.
 - regressor: "serving_default" regresses ([batch]).
+- native: a TF2 export (tf.saved_model.save of a tf.function), whose signature's method_name is
+  predict, as TF2 writes every signature, but whose input and output are a classifier's.
 
 Features: "x" (2 floats, required), "age" (1 int64, default 30), "tags" (any number of strings).
 """
@@ -78,6 +80,17 @@ def build_scorer(version_dir: Path) -> None:
 def build_regressor(version_dir: Path) -> None:
     _export(version_dir, lambda serialized: {"serving_default": tf.compat.v1.saved_model.regression_signature_def(
         serialized, tf.reduce_sum(_logits(serialized), axis=1) * 2.0)})
+
+
+class Native(tf.Module):
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+    def serve(self, inputs: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {"scores": tf.nn.softmax(_logits(inputs))}
+
+
+def build_native(version_dir: Path) -> None:
+    module = Native()
+    tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.serve})
 
 
 def example(x: Sequence[float] | None = None, age: int | None = None, tags: Sequence[str] | None = None) -> Any:

@@ -24,12 +24,14 @@ import grpc
 import numpy as np
 import pytest
 
+from client.warmup_log import warmup_from_logs
 from protos.tensorflow_serving import prediction_log_pb2, serialized_input_pb2
 from server import tfrecords
 from tests.integration.conftest import ServerProcess, start_server
 from tests.integration.example_models import (
     LABELS,
     build_classifier,
+    build_native,
     build_regressor,
     build_scorer,
     example,
@@ -41,7 +43,8 @@ from tests.integration.test_official_client import official_client_path
 HERE = Path(__file__).resolve().parent
 CLASSIFY = "tensorflow/serving/classify"
 REGRESS = "tensorflow/serving/regress"
-MODELS = {"classifier": build_classifier, "scorer": build_scorer, "regressor": build_regressor}
+MODELS = {"classifier": build_classifier, "scorer": build_scorer, "regressor": build_regressor,
+          "native": build_native}
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +131,7 @@ def test_the_official_client_gets_what_the_signatures_return(server: ServerProce
     results = run_official(server.target, calls, tmp_path)
     for sent, got in zip(calls, results, strict=True):
         assert "code" not in got, (sent, got)
-    classifier, scorer, regressor = (example_models[m] for m in MODELS)
+    classifier, scorer, regressor = (example_models[m] for m in ("classifier", "scorer", "regressor"))
     assert_classes(results[0]["classes"], expected_classes(classifier, "serving_default", plain, None))
     assert [c[0] for c in results[0]["classes"][0]] == list(LABELS)
     assert results[0]["model_spec"] == {"name": "classifier", "version": 1, "signature": "serving_default"}
@@ -148,6 +151,10 @@ def test_the_official_client_gets_what_the_signatures_return(server: ServerProce
         np.testing.assert_allclose(by_signature["regress"]["values"],
                                    expected_values(classifier, "regress", examples, ctx), rtol=1e-5)
     assert [r["model_spec"]["signature"] for r in results[7]["results"]] == ["regress", "serving_default"]
+    for api, count in (("Classify", 2), ("Regress", 1), ("MultiInference", 2)):
+        assert server.metric(":tensorflow:serving:request_latency_count", model_name="classifier", API=api,
+                             entrypoint="GRPC") >= count, api
+        assert server.metric("mirrorserve_requests_total", model="classifier", method=api, code="OK") >= count, api
 
 
 def test_concurrent_calls_share_batches_and_each_gets_its_own(server: ServerProcess, example_models: dict[str, Path],
@@ -326,3 +333,35 @@ def test_warmup_runs_these_records_and_the_log_writes_them(example_models: dict[
     classify = next(r.classify_log for r in records if r.WhichOneof("log_type") == "classify_log")
     assert classify.request.input.example_list.examples[0].SerializeToString() == good
     assert [c.label for c in classify.response.result.classifications[0].classes] == list(LABELS)
+    written, read = warmup_from_logs(sorted(prefix.parent.glob("requests.*")), tmp_path / "warmup")
+    assert (written, read) == (3, 3)
+    replayed = [prediction_log_pb2.PredictionLog.FromString(r) for r in tfrecords.read(tmp_path / "warmup")]
+    assert sorted(r.WhichOneof("log_type") for r in replayed) == ["classify_log", "multi_inference_log", "regress_log"]
+
+
+def test_a_tf2_signature_classifies_unless_method_names_are_checked(server: ServerProcess,
+                                                                     example_models: dict[str, Path],
+                                                                     tmp_path: Path) -> None:
+    """TF2 writes every signature's method_name as predict: TF Serving (and this server) serve
+    Classify on one shaped like a classifier unless --enable_signature_method_name_check, which
+    refuses it; its features (parsed inside a nested function) are checked all the same."""
+    good = [example([1, 2]).SerializeToString(), example([0.5, 0.25], 3, ["a"]).SerializeToString()]
+    bad = [good[0], example(age=2).SerializeToString()]
+    results = run_official(server.target, [call("Classify", "native", good), call("Classify", "native", bad)],
+                           tmp_path)
+    assert_classes(results[0]["classes"], expected_classes(example_models["native"], "serving_default", good, None))
+    assert results[1] == {"code": "INVALID_ARGUMENT", "details": "example 1: feature 'x' is missing; the model "
+                                                                 "requires it (a float_list of 2 values)"}
+    config = tmp_path / "models.config"
+    config.write_text(config_text({"native": example_models["native"], "classifier": example_models["classifier"]}))
+    checked = start_server(["--model_config_file=" + str(config), "--enable_signature_method_name_check=true",
+                            "--drain-delay-s", "0"], tmp_path / "server.log")
+    try:
+        results = run_official(checked.target, [call("Classify", "native", good),
+                                                call("Classify", "classifier", good)], tmp_path)
+    finally:
+        checked.stop()
+    assert results[0]["code"] == "INVALID_ARGUMENT" and results[0]["details"] == (
+        "signature 'serving_default' (method_name 'tensorflow/serving/predict') cannot classify: Expected classify "
+        "signature method_name to be tensorflow/serving/classify (--signature-method-name-check)"), results[0]
+    assert "classes" in results[1], results[1]

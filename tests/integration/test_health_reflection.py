@@ -95,7 +95,8 @@ def test_reflection_lists_services(server_for) -> None:
 
         pool = DescriptorPool(database)
         service = pool.FindServiceByName(PREDICTION)
-        assert sorted(m.name for m in service.methods) == ["GetModelMetadata", "Predict"]
+        assert sorted(m.name for m in service.methods) == ["Classify", "GetModelMetadata", "MultiInference", "Predict",
+                                                           "Regress"]
         predict = service.methods_by_name["Predict"]
         assert predict.input_type.fields_by_name["inputs"].message_type.fields_by_name["value"].message_type.full_name \
             == "tensorflow.TensorProto"

@@ -63,6 +63,8 @@ def test_a_command_line_from_tf_servings_documentation() -> None:
     (["--grpc_channel_arguments=grpc.server.max_pending_requests=5000"], "grpc_max_pending_rpcs", 5000),
     (["--enable_model_warmup=false"], "model_warmup", False),
     (["--num_request_iterations_for_warmup=3"], "warmup_iterations", 3),
+    (["--enable_signature_method_name_check"], "signature_method_name_check", True),
+    (["--enable_signature_method_name_check=false"], "signature_method_name_check", False),
     (["--ssl_config_file=/etc/ssl.config"], "ssl_config_file", "/etc/ssl.config"),
     (["--port=0"], "port", 0),
 ])
