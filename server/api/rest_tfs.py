@@ -114,7 +114,6 @@ class TfsRest(rest.RestFrontEnd):
                                                             inputs or {}, result.outputs))
         return response
 
-
     async def _examples(self, request: web.Request, call: Call, version: int | None, label: str | None,
                         verb: str) -> web.StreamResponse:
         """:classify or :regress."""
