@@ -17,10 +17,12 @@ TRITON_STAMP := $(TRITON)/.installed
 # needed) and Debian's libb64.
 PERF := $(VENV)/perf_analyzer
 PERF_STAMP := $(PERF)/.installed
+# TensorFlow with CUDA (the `gpu` extra), for `make gpu-check` only.
+GPU_STAMP := $(VENV)/.installed-gpu
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test bench soak lint typecheck protos protos-check clean prometheus image
+.PHONY: serve test bench soak gpu-check lint typecheck protos protos-check clean prometheus image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +47,10 @@ $(PERF_STAMP): $(STAMP)
 	chmod +x $(PERF)/perf_analyzer
 	touch $@
 
+$(GPU_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,gpu]'
+	touch $@
+
 serve: $(STAMP)
 	$(PY) -m server $(ARGS)
 
@@ -64,6 +70,12 @@ test: $(STAMP) $(OFFICIAL_STAMP) $(TRITON_STAMP) $(PERF_STAMP) prometheus
 # The performance tables and goals (build/bench/results.md): about 30 minutes; run it on a quiet machine.
 bench: $(STAMP) $(PERF_STAMP)
 	PERF_ANALYZER=$(abspath $(PERF))/perf_analyzer $(PY) -m bench.suite $(BENCH_ARGS)
+
+# The replica path on a real GPU (bench/gpu_check.py; about 5 minutes): one table, exit 1 on a
+# failed check. Without a GPU, a dry run on 2 logical CPU devices (`make test` runs it short).
+gpu-check: $(GPU_STAMP) $(OFFICIAL_STAMP) $(TRITON_STAMP)
+	OFFICIAL_CLIENT_PATH=$(abspath $(OFFICIAL)) TRITON_CLIENT_PATH=$(abspath $(TRITON)) \
+	  PYTHONUNBUFFERED=1 $(PY) -m bench.gpu_check $(GPU_CHECK_ARGS)
 
 # Full-length load tests: the same tests `make test` runs short.
 soak: $(STAMP)

@@ -21,6 +21,7 @@ runs them side by side, so it stays.
 from __future__ import annotations
 
 import logging
+import subprocess
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,14 +50,22 @@ def configure_threads(intra_op: int, inter_op: int) -> None:
 def configure_devices(replicas: int | None) -> list[str]:
     """Pick the replica devices. Must run before anything initialises the TensorFlow runtime.
 
-    With GPUs: the first `replicas` GPUs (default all). Without: `replicas` logical CPU devices
-    (default 1) carved out of the one physical CPU.
+    With GPUs: the first `replicas` GPUs (default all); with one GPU and more replicas, that many
+    logical GPUs carved out of it, each with an equal share of its memory (split_memory_mb). Without
+    GPUs: `replicas` logical CPU devices (default 1) carved out of the one physical CPU.
     """
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         count = replicas or len(gpus)
+        if count > len(gpus) and len(gpus) == 1:
+            share = split_memory_mb(gpu_memory_mb(), count)
+            tf.config.set_logical_device_configuration(
+                gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=share) for _ in range(count)])
+            log.info("one GPU split into %d logical GPUs of %d MB each", count, share)
+            return [d.name for d in tf.config.list_logical_devices("GPU")][:count]
         if count > len(gpus):
-            raise ValueError(f"--replicas {count} asks for more replicas than the {len(gpus)} GPUs here")
+            raise ValueError(f"--replicas {count} asks for more replicas than the {len(gpus)} GPUs here "
+                             f"(one GPU alone can be split)")
         return [f"/device:GPU:{i}" for i in range(count)]
     count = replicas or 1
     cpu = tf.config.list_physical_devices("CPU")[0]
@@ -65,6 +74,30 @@ def configure_devices(replicas: int | None) -> list[str]:
             cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
         )
     return [d.name for d in tf.config.list_logical_devices("CPU")][:count]
+
+
+SPLIT_SHARE = 0.9
+"""Of a split GPU's memory, the part shared out among its logical GPUs (the rest is left to CUDA's
+own context and libraries, which TensorFlow's limit does not count)."""
+UNKNOWN_GPU_MEMORY_MB = 8192
+"""What a GPU is taken to hold when nvidia-smi cannot say."""
+
+
+def split_memory_mb(total_mb: int, count: int) -> int:
+    """Each logical GPU's memory limit when one GPU of `total_mb` is split `count` ways."""
+    return max(256, int(total_mb * SPLIT_SHARE) // count)
+
+
+def gpu_memory_mb() -> int:
+    """GPU 0's memory as nvidia-smi reports it (TensorFlow cannot say before its runtime starts,
+    and a split must be set before)."""
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
+                              capture_output=True, text=True, timeout=10, check=True)
+        return int(done.stdout.split()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        log.warning("nvidia-smi could not tell the GPU's memory; taking it to be %d MB", UNKNOWN_GPU_MEMORY_MB)
+        return UNKNOWN_GPU_MEMORY_MB
 
 
 def make_strategy(devices: list[str]) -> tf.distribute.Strategy:
