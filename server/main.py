@@ -38,7 +38,7 @@ from server.api.admission import ConcurrencyLimit
 from server.api.control import ControlPlane, default_roots, read_tokens
 from server.api.health import Health, add_health_and_reflection
 from server.api.request_log import RequestLogs
-from server.api.rest_body import BodyDecoder
+from server.api.rest_body import MAX_WAITING, BodyDecoder
 from server.api.tfs_examples import ExampleCalls
 from server.api.warmup import Warmup
 from server.config import Settings, parse_settings
@@ -110,7 +110,7 @@ async def serve(settings: Settings) -> int:
     health = Health((tfs.SERVICE.full_name, tfs_model_service.SERVICE.full_name, v2.SERVICE.full_name))
     await health.set_serving(False)
     limit = ConcurrencyLimit(settings.max_concurrent_rpcs)
-    decoder = BodyDecoder()
+    decoder = BodyDecoder(max_waiting_bytes=MAX_WAITING * settings.max_message_bytes)
     logs = RequestLogs(registry, settings.request_log_file_bytes, settings.request_log_max_files)
     examples = ExampleCalls(ExampleMethods(settings.signature_method_name_check), decoder, settings.max_message_bytes)
     servicer = tfs.PredictionServicer(registry, settings.max_message_bytes, examples, logs)

@@ -51,8 +51,10 @@ INLINE_BYTES = 256 * 1024
 """JSON bodies up to this size are decoded on the loop (about 1 ms); larger ones by the helper."""
 HELPER_NICENESS = 10
 MAX_WAITING = 4
-"""Large bodies waiting for the helper at once; more are refused (RESOURCE_EXHAUSTED, 429), so
-bodies parked for it cannot pile up in memory."""
+"""Bodies of the largest size (--max-message-bytes) that may wait for the helper at once: what
+waits is bounded by MAX_WAITING times that in bytes, beyond which a body is refused
+(RESOURCE_EXHAUSTED, 429), so bodies parked for it cannot pile up in memory. Smaller bodies (a
+REST classify of a hundred examples is a few KB) queue by the same budget, many at once."""
 
 
 def _decompressor(encoding: str, first: bytes) -> Any:
@@ -160,31 +162,36 @@ def _in_helper(function: Callable[..., T], *args: Any) -> T:
 class BodyDecoder:
     """Runs a body-decoding function inline when the body is small, else in a helper process
     (one, started on first use, without TensorFlow), so a large JSON body does not stop the loop.
-    At most MAX_WAITING large bodies wait for the helper; it is restarted if it dies (say, killed
-    for memory), and the body that was in it is refused, not retried."""
+    Bodies wait for the helper up to `max_waiting_bytes` in all (one alone always may); it is
+    restarted if it dies (say, killed for memory), and the body that was in it is refused, not
+    retried."""
 
-    def __init__(self, inline_bytes: int = INLINE_BYTES, max_waiting: int = MAX_WAITING) -> None:
+    def __init__(self, inline_bytes: int = INLINE_BYTES, max_waiting_bytes: int = MAX_WAITING * 64 * 1024 * 1024
+                 ) -> None:
         self._inline_bytes = inline_bytes
-        self._max_waiting = max_waiting
+        self._max_waiting_bytes = max_waiting_bytes
         self._waiting = 0
+        self._waiting_bytes = 0
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
 
     async def decode(self, size: int, function: Callable[..., T], *args: Any) -> T:
         """`function(*args)`, inline for a body of at most the inline size, else in the helper."""
-        return await self.run(size <= self._inline_bytes, function, *args)
+        return await self.run(size <= self._inline_bytes, size, function, *args)
 
-    async def run(self, inline: bool, function: Callable[..., T], *args: Any) -> T:
-        """`function(*args)`, inline or in the helper: for work whose cost the caller judges."""
+    async def run(self, inline: bool, size: int, function: Callable[..., T], *args: Any) -> T:
+        """`function(*args)` on a body of `size` bytes, inline or in the helper: for work whose
+        cost the caller judges."""
         if inline:
             return function(*args)
-        if self._waiting >= self._max_waiting:
-            raise Overloaded(f"{self._waiting} large bodies are being decoded; retry later, or send tensors in "
-                             f"binary form (gRPC, or v2's binary tensor extension)")
+        if self._waiting and self._waiting_bytes + size > self._max_waiting_bytes:
+            raise Overloaded(f"{self._waiting} large bodies ({self._waiting_bytes} bytes) are being decoded; retry "
+                             f"later, or send tensors in binary form (gRPC, or v2's binary tensor extension)")
         if self._pool is None:
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_helper_started)
         pool = self._pool
         self._waiting += 1
+        self._waiting_bytes += size
         try:
             return await asyncio.get_running_loop().run_in_executor(pool, _in_helper, function, *args)
         except BrokenProcessPool:
@@ -195,6 +202,7 @@ class BodyDecoder:
             raise Unavailable("the body could not be decoded (the helper process died); retry") from None
         finally:
             self._waiting -= 1
+            self._waiting_bytes -= size
             if self._pool is pool:
                 # The pool's feeder thread keeps the last message it pickled (this body, up to
                 # --max-message-bytes) until it pickles another: give it a small one.

@@ -123,7 +123,7 @@ class TfsRest(rest.RestFrontEnd):
         call.servable = servable = self._registry.resolve(call.name, version, label)
         raw = await read_body(request, self._max_body_bytes)
         signature, examples, context = await self._decoder.run(
-            len(raw) <= tf_example.INLINE_JSON_BYTES, tf_example_json.decode_body, raw, verb,
+            len(raw) <= tf_example.INLINE_JSON_BYTES, len(raw), tf_example_json.decode_body, raw, verb,
             _example_features(servable), self._max_body_bytes, predictor_of(servable).batcher.max_queued_rows)
         merged = tf_example.merged(examples, context)
         if method == CLASSIFY:

@@ -55,10 +55,12 @@ def decode_body(raw: bytes, verb: str, features: Mapping[str, Mapping[str, Examp
         raise InvalidInput("'examples' value is an empty array")
     if len(values) > max_examples:
         raise Overloaded(f"request has {len(values)} examples; at most {max_examples} rows may be queued")
-    context = example_from_json(body["context"], "the context").SerializeToString() if "context" in body else b""
-    examples = [example_from_json(value, f"example {i}").SerializeToString() for i, value in enumerate(values)]
+    shared = example_from_json(body["context"], "the context") if "context" in body else None
+    parsed = [example_from_json(value, f"example {i}") for i, value in enumerate(values)]
+    context = b"" if shared is None else shared.SerializeToString()
+    examples = [example.SerializeToString() for example in parsed]
     tf_example.check_size(examples, context, max_bytes)
-    tf_example.check(examples, context, features.get(signature_name or DEFAULT_SIGNATURE))
+    tf_example.check_parsed(parsed, shared, features.get(signature_name or DEFAULT_SIGNATURE))
     return signature_name, examples, context
 
 
@@ -70,39 +72,47 @@ def example_from_json(value: Any, where: str) -> Any:
     features = example.features.feature
     for name, content in value.items():
         feature = features[name]
-        items = content if isinstance(content, list) else (content,)
-        # Numbers with and without a fraction together are floats (TF Serving refuses [1.5, 2]).
-        floats = any(isinstance(i, float) for i in items) and all(
-            isinstance(i, (int, float)) and not isinstance(i, bool) for i in items)
-        for item in items:
-            _add_value(feature, float(item) if floats else item, name, where)
+        kind, values = _feature_values(content if isinstance(content, list) else (content,), name, where)
+        if kind is not None:
+            getattr(feature, kind).value.extend(values)  # one call a feature: a call a value costs more
     return example
 
 
-def _add_value(feature: Any, item: Any, name: str, where: str) -> None:
-    """Append one JSON value to a feature, refusing a value of another kind than the ones before."""
-    value: int | float | bytes
+def _feature_values(items: Any, name: str, where: str) -> tuple[str | None, list[Any]]:
+    """(the list kind, the values) of one feature's JSON values: of one kind, as TF Serving types
+    them, except that numbers with and without a fraction together are floats (TF Serving refuses
+    [1.5, 2]); (None, []) for an empty list, a Feature with no list set."""
+    floats = any(isinstance(i, float) for i in items) and all(
+        isinstance(i, (int, float)) and not isinstance(i, bool) for i in items)
+    kind: str | None = None
+    values: list[Any] = []
+    for item in items:
+        this, converted = _typed(float(item) if floats else item, name, where)
+        if kind is not None and this != kind:
+            raise InvalidInput(f"{where}: Unexpected element type in feature: {name} expecting type: "
+                               f"{kind.split('_')[0]} (got a {this.split('_')[0]} value)")
+        kind = this
+        values.append(converted)
+    return kind, values
+
+
+def _typed(item: Any, name: str, where: str) -> tuple[str, Any]:
+    """One JSON value's list kind and value."""
     if isinstance(item, bool):
-        kind, value = "int64_list", int(item)
-    elif isinstance(item, int):
+        return "int64_list", int(item)
+    if isinstance(item, int):
         if not INT64_MIN <= item <= INT64_MAX:
             raise InvalidInput(f"{where}: feature '{name}' has an integer out of int64's range; only int64 is "
                                f"supported")
-        kind, value = "int64_list", item
-    elif isinstance(item, float):
-        kind, value = "float_list", float(np.float32(item))
-    elif isinstance(item, str):
-        kind, value = "bytes_list", json_codec.text_bytes(item)
-    elif json_codec.is_b64(item):
-        kind, value = "bytes_list", json_codec.b64_bytes(item, f"{where}: feature '{name}'")
-    else:
-        raise InvalidInput(f"{where}: feature '{name}' has an element of JSON type {_json_type(item)}; a feature "
-                           f"is a number, a string, true/false, {{\"b64\": ...}}, or a list of one kind of them")
-    have = feature.WhichOneof("kind")
-    if have is not None and have != kind:
-        raise InvalidInput(f"{where}: Unexpected element type in feature: {name} expecting type: "
-                           f"{have.split('_')[0]} (got a {kind.split('_')[0]} value)")
-    getattr(feature, kind).value.append(value)
+        return "int64_list", item
+    if isinstance(item, float):
+        return "float_list", item
+    if isinstance(item, str):
+        return "bytes_list", json_codec.text_bytes(item)
+    if json_codec.is_b64(item):
+        return "bytes_list", json_codec.b64_bytes(item, f"{where}: feature '{name}'")
+    raise InvalidInput(f"{where}: feature '{name}' has an element of JSON type {_json_type(item)}; a feature is a "
+                       f"number, a string, true/false, {{\"b64\": ...}}, or a list of one kind of them")
 
 
 def _json_type(value: Any) -> str:

@@ -20,7 +20,7 @@ from server import event_loop
 from server.api.admission import ConcurrencyLimit
 from server.api.rest import RestServer, build_app, error_response
 from server.api.rest_body import BodyDecoder, read_body
-from server.errors import ServingError
+from server.errors import Overloaded, ServingError
 
 LIMIT = 1 << 20
 
@@ -139,7 +139,7 @@ def _fail() -> None:
 
 def test_large_bodies_are_decoded_in_a_helper_process() -> None:
     async def main() -> None:
-        decoder = BodyDecoder(inline_bytes=10, max_waiting=1)
+        decoder = BodyDecoder(inline_bytes=10, max_waiting_bytes=11)
         try:
             assert await decoder.decode(10, _pid) == os.getpid()
             helper = await decoder.decode(11, _pid)
@@ -147,6 +147,25 @@ def test_large_bodies_are_decoded_in_a_helper_process() -> None:
             assert await decoder.decode(11, _pid) == helper, "one helper, kept"
             with pytest.raises(ValueError, match="bad body"):
                 await decoder.decode(11, _fail)
+        finally:
+            decoder.close()
+
+    asyncio.run(main())
+
+
+def test_bodies_wait_for_the_helper_within_a_byte_budget() -> None:
+    """One body always may wait; more only while the bytes waiting stay within the budget."""
+    async def main() -> None:
+        decoder = BodyDecoder(inline_bytes=10, max_waiting_bytes=100)
+        try:
+            await decoder.run(False, 1, _pid)  # the helper started
+            first = asyncio.ensure_future(decoder.run(False, 60, time.sleep, 1.0))
+            await asyncio.sleep(0.1)
+            with pytest.raises(Overloaded, match=r"1 large bodies \(60 bytes\) are being decoded"):
+                await decoder.run(False, 60, _pid)
+            assert await decoder.run(False, 40, _pid) != os.getpid(), "a small one queues behind"
+            await first
+            assert await decoder.run(False, 1000, _pid) != os.getpid(), "one alone may be over the budget"
         finally:
             decoder.close()
 
