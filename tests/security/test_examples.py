@@ -45,8 +45,8 @@ def classify(target: str, request: bytes) -> tuple[str, str]:
 P99_FACTOR = 4.5
 """The bystander's p99 against its baseline, instead of 3x: the loop's share of each attack request
 stays about a millisecond, but checking thousands of examples keeps the helper process busy on one
-of the two cores the attacker, the bystander, the server and the model worker share. Measured over
-eight runs of each test: 1.1-3.2x (3-6 ms against 2-3)."""
+of the two cores the attacker, the bystander, the server and the model worker share. Measured
+here over eight runs of the first test and five of the second: 1.1-3.2x (3-6 ms against 2-3)."""
 GOOD = example([1.0, 2.0], 3, ["a", "b"]).SerializeToString()
 BAD = example(age=3).SerializeToString()
 
