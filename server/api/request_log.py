@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from protos.tensorflow_serving import predict_pb2, prediction_log_pb2
+from protos.tensorflow_serving import prediction_log_pb2
 from server import codec, metrics, tfrecords
 from server.core.model_config import RequestLogging
 from server.core.servables import Registry, Servable
@@ -202,20 +202,10 @@ class RequestLogs:
             logger.close(timeout_s)
 
 
-def predict_record(servable: Servable, signature: str, rate: float, request: predict_pb2.PredictRequest,
-                   response: predict_pb2.PredictResponse) -> bytes:
-    """A serialized PredictionLog of one Predict call."""
-    record = prediction_log_pb2.PredictionLog()
-    _metadata(record, servable, signature, rate)
-    record.predict_log.request.CopyFrom(request)
-    record.predict_log.response.CopyFrom(response)
-    data: bytes = record.SerializeToString()
-    return data
-
-
-def example_record(servable: Servable, signature: str, rate: float, kind: str, request: bytes, response: Any) -> bytes:
-    """A serialized PredictionLog of a Classify, Regress or MultiInference call (`kind`: its log's
-    field, e.g. "classify_log"), its request as the client's bytes (the same wire format)."""
+def call_record(servable: Servable, signature: str, rate: float, kind: str, request: bytes, response: Any) -> bytes:
+    """A serialized PredictionLog of one TF Serving call (`kind`: its log's field, "predict_log",
+    "classify_log", "regress_log" or "multi_inference_log"), its request as the client's bytes
+    (the same wire format as the message; parsed again only for a sampled call)."""
     record = prediction_log_pb2.PredictionLog()
     _metadata(record, servable, signature, rate)
     log_entry = getattr(record, kind)

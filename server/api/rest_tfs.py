@@ -24,7 +24,7 @@ from server.api.admission import Call
 from server.api.recording import Recorder
 from server.api.request_log import RequestLogs
 from server.api.rest_body import BodyDecoder, read_body
-from server.api.tfs import signature_def_map
+from server.api.tfs import response_spec, signature_def_map
 from server.api.tfs_model_service import model_status
 from server.core.example_methods import CLASSIFY, REGRESS, ExampleMethods
 from server.core.inference import infer, predictor_of
@@ -137,8 +137,9 @@ class TfsRest(rest.RestFrontEnd):
         logger = None if self._logs is None else self._logs.sample(result.servable)
         if logger is not None:
             grpc_form = (tfs_examples.classification_response if method == CLASSIFY
-                         else tfs_examples.regression_response)(result)
-            logger.put(request_log.example_record(result.servable, result.signature, logger.rate, kind,
+                         else tfs_examples.regression_response)(result, response_spec(result.servable,
+                                                                                       result.signature))
+            logger.put(request_log.call_record(result.servable, result.signature, logger.rate, kind,
                                                   tf_example.request_bytes(
                                                       result.servable.name, result.signature, examples, context),
                                                   grpc_form))

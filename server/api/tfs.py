@@ -51,6 +51,16 @@ def version_choice(spec: Any) -> tuple[int | None, str | None]:
     return None, None
 
 
+def response_spec(servable: Servable, signature: str) -> Any:
+    """The ModelSpec a response names for a version and signature, built once."""
+    key = ("tfs-spec", signature)
+    spec = servable.cache.get(key)
+    if spec is None:
+        spec = servable.cache[key] = model_pb2.ModelSpec(name=servable.name, signature_name=signature)
+        spec.version.value = servable.version
+    return spec
+
+
 def signature_def_map(servable: Servable) -> Any:
     """The version's SignatureDefMap, what GetModelMetadata returns under signature_def."""
     signature_map = get_model_metadata_pb2.SignatureDefMap()
@@ -87,16 +97,6 @@ class PredictionServicer(Admission):
         self._examples = examples
         self._logs = logs
 
-    @staticmethod
-    def _model_spec(servable: Servable, signature: str) -> Any:
-        """The response's ModelSpec for a version and signature, built once."""
-        key = ("tfs-spec", signature)
-        spec = servable.cache.get(key)
-        if spec is None:
-            spec = servable.cache[key] = model_pb2.ModelSpec(name=servable.name, signature_name=signature)
-            spec.version.value = servable.version
-        return spec
-
     @grpc_call("Predict", drained=True, counted=True)
     async def predict(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
         deadline = deadline_of(context)
@@ -107,13 +107,11 @@ class PredictionServicer(Admission):
         inputs = {name: codec.to_ndarray(tensor, name=name, max_bytes=self._max_tensor_bytes)
                   for name, tensor in request.inputs.items()}
         result = await call.infer(infer(servable, spec.signature_name, inputs, request.output_filter, deadline))
-        response = predict_pb2.PredictResponse(model_spec=self._model_spec(result.servable, result.signature))
+        response = predict_pb2.PredictResponse(model_spec=response_spec(result.servable, result.signature))
         for output, array in result.outputs.items():
             codec.fill_tensor_proto(response.outputs[output], array)
         context.set_trailing_metadata(request_timing.trailers(call.answered()))
-        logger = None if self._logs is None else self._logs.sample(result.servable)
-        if logger is not None:
-            logger.put(request_log.predict_record(result.servable, result.signature, logger.rate, request, response))
+        self._log(result.servable, result.signature, "predict_log", raw, response)
         return response
 
     async def _example_call(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call, method: str) -> Any:
@@ -124,18 +122,20 @@ class PredictionServicer(Admission):
         call.name = spec.name
         call.servable = servable = self._registry.resolve(spec.name, *version_choice(spec))
         result = await call.infer(self._examples.run(servable, method, request, deadline))
+        spec = response_spec(result.servable, result.signature)
         if method == CLASSIFY:
-            response, kind = tfs_examples.classification_response(result), "classify_log"
+            response, kind = tfs_examples.classification_response(result, spec), "classify_log"
         else:
-            response, kind = tfs_examples.regression_response(result), "regress_log"
+            response, kind = tfs_examples.regression_response(result, spec), "regress_log"
         context.set_trailing_metadata(request_timing.trailers(call.answered()))
         self._log(result.servable, result.signature, kind, raw, response)
         return response
 
     def _log(self, servable: Servable, signature: str, kind: str, raw: bytes, response: Any) -> None:
+        """Log a sampled call, its request as the client's bytes (`kind`: its PredictionLog field)."""
         logger = None if self._logs is None else self._logs.sample(servable)
         if logger is not None:
-            logger.put(request_log.example_record(servable, signature, logger.rate, kind, raw, response))
+            logger.put(request_log.call_record(servable, signature, logger.rate, kind, raw, response))
 
     @grpc_call("Classify", drained=True, counted=True)
     async def classify(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
@@ -167,7 +167,8 @@ class PredictionServicer(Admission):
             return combined(results)
 
         await call.infer(run())
-        response = tfs_examples.multi_inference_response(results, [t.method_name for t in request.tasks])
+        response = tfs_examples.multi_inference_response(results, [t.method_name for t in request.tasks],
+                                                         response_spec)
         context.set_trailing_metadata(request_timing.trailers(call.answered()))
         self._log(servable, results[0].signature, "multi_inference_log", raw, response)
         return response

@@ -8,9 +8,10 @@ model gets is the client's own bytes (merged with the context's), never decoded 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from protos.tensorflow_serving import classification_pb2, inference_pb2, model_pb2, regression_pb2
+from protos.tensorflow_serving import classification_pb2, inference_pb2, regression_pb2
 from server.api import tf_example
 from server.api.rest_body import BodyDecoder
 from server.core.example_methods import CLASSES, CLASSIFY, OUTPUTS, REGRESS, SCORES, ExampleMethods, Task
@@ -57,12 +58,6 @@ class ExampleCalls:
         return await self.methods.multi_inference(servable, tasks, examples, deadline)
 
 
-def model_spec(result: Inference) -> Any:
-    spec = model_pb2.ModelSpec(name=result.servable.name, signature_name=result.signature)
-    spec.version.value = result.servable.version
-    return spec
-
-
 def fill_classification(result: Inference, into: Any) -> None:
     """A ClassificationResult: per example, a Class per column of classes and/or scores (a label
     left empty without classes, a score 0 without scores, as TF Serving)."""
@@ -85,22 +80,25 @@ def fill_regression(result: Inference, into: Any) -> None:
         into.regressions.add().value = value
 
 
-def classification_response(result: Inference) -> Any:
-    response = classification_pb2.ClassificationResponse(model_spec=model_spec(result))
+def classification_response(result: Inference, spec: Any) -> Any:
+    """A ClassificationResponse naming `spec` (the ModelSpec that answered)."""
+    response = classification_pb2.ClassificationResponse(model_spec=spec)
     fill_classification(result, response.result)
     return response
 
 
-def regression_response(result: Inference) -> Any:
-    response = regression_pb2.RegressionResponse(model_spec=model_spec(result))
+def regression_response(result: Inference, spec: Any) -> Any:
+    response = regression_pb2.RegressionResponse(model_spec=spec)
     fill_regression(result, response.result)
     return response
 
 
-def multi_inference_response(results: list[Inference], methods: list[str]) -> Any:
+def multi_inference_response(results: list[Inference], methods: list[str],
+                             spec_of: Callable[[Servable, str], Any]) -> Any:
+    """A MultiInferenceResponse, each task's result naming the ModelSpec `spec_of` gives."""
     response = inference_pb2.MultiInferenceResponse()
     for result, method in zip(results, methods, strict=True):
-        entry = response.results.add(model_spec=model_spec(result))
+        entry = response.results.add(model_spec=spec_of(result.servable, result.signature))
         if method == CLASSIFY:
             fill_classification(result, entry.classification_result)
         else:
