@@ -8,7 +8,7 @@ model gets is the client's own bytes (merged with the context's), never decoded 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from protos.tensorflow_serving import classification_pb2, inference_pb2, regression_pb2
@@ -17,6 +17,7 @@ from server.api.rest_body import BodyDecoder
 from server.core.example_methods import CLASSES, CLASSIFY, OUTPUTS, REGRESS, SCORES, ExampleMethods, Task
 from server.core.inference import Inference, predictor_of
 from server.core.servables import Servable
+from server.core.signatures import ExampleFeature
 
 
 def label_text(label: bytes) -> str:
@@ -32,16 +33,17 @@ class ExampleCalls:
         self._decoder = decoder
         self._max_bytes = max_bytes
 
-    async def examples(self, servable: Servable, signature: str, method: str, serialized_input: Any) -> list[bytes]:
-        """The input's examples, checked against the signature they go to and merged."""
-        chosen = self.methods.signature(servable, signature, method)
-        return await tf_example.read(serialized_input, chosen.features, self._max_bytes, self._decoder,
+    async def examples(self, servable: Servable, features: Mapping[str, ExampleFeature] | None,
+                       serialized_input: Any) -> list[bytes]:
+        """The input's examples, checked against the features their signature reads, and merged."""
+        return await tf_example.read(serialized_input, features, self._max_bytes, self._decoder,
                                      predictor_of(servable).batcher.check_size)
 
     async def run(self, servable: Servable, method: str, request: Any, deadline: float | None) -> Inference:
         """A SerializedExamplesRequest (Classify's or Regress's) on `servable`."""
         signature = request.model_spec.signature_name
-        examples = await self.examples(servable, signature, method, request.input)
+        chosen = self.methods.signature(servable, signature, method)
+        examples = await self.examples(servable, chosen.features, request.input)
         if method == CLASSIFY:
             return await self.methods.classify(servable, signature, examples, deadline)
         return await self.methods.regress(servable, signature, examples, deadline)
@@ -50,11 +52,15 @@ class ExampleCalls:
         """A SerializedMultiInferenceRequest on `servable`: every task checked before any runs."""
         tasks = [Task(t.model_spec.signature_name, t.method_name) for t in request.tasks]
         self.methods.tasks(servable, tasks)
-        # The examples are checked against each task's signature (they may parse differently).
-        examples = None
+        # The examples are checked against what each task's signature reads, once per different
+        # set of features (the tasks of one model mostly parse the same ones).
+        checked: list[Mapping[str, ExampleFeature] | None] = []
+        examples: list[bytes] = []
         for task in tasks:
-            examples = await self.examples(servable, task.signature, task.method, request.input)
-        assert examples is not None
+            features = self.methods.signature(servable, task.signature, task.method).features
+            if features not in checked:
+                checked.append(features)
+                examples = await self.examples(servable, features, request.input)
         return await self.methods.multi_inference(servable, tasks, examples, deadline)
 
 
