@@ -23,6 +23,7 @@ followed by the example's, TF Serving's own merge.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -146,11 +147,16 @@ def check_features(index: int, own: Any, shared: Any, features: Mapping[str, Exa
                                    f"{describe(wanted)}")
 
 
+def _unit(shape: tuple[int, ...]) -> tuple[int, bool]:
+    """(the values a dense feature of `shape` holds, whether it may hold any multiple of them: a
+    variable-length one, -1 first)."""
+    variable = bool(shape) and shape[0] < 0
+    return math.prod(shape[1:] if variable else shape), variable
+
+
 def _fits(count: int, shape: tuple[int, ...]) -> bool:
-    each = 1
-    for size in shape[1:] if shape and shape[0] < 0 else shape:
-        each *= size
-    if shape and shape[0] < 0:
+    each, variable = _unit(shape)
+    if variable:
         return each == 0 or count % each == 0
     return count == each
 
@@ -160,10 +166,8 @@ def describe(feature: ExampleFeature) -> str:
     article = "an" if feature.kind[0] in "aeiou" else "a"
     if feature.shape is None:
         return f"{article} {feature.kind} of any length"
-    each = 1
-    for size in feature.shape:
-        each *= abs(size)
-    if feature.shape and feature.shape[0] < 0:
+    each, variable = _unit(feature.shape)
+    if variable:
         return f"{article} {feature.kind} of a multiple of {each} values"
     shape = f" (shape {list(feature.shape)})" if len(feature.shape) > 1 else ""
     return f"{article} {feature.kind} of {each} value{'s' if each != 1 else ''}{shape}"
