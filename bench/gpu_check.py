@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from bench.launch import ROOT, ServerProcess, start_server
-from bench.run import SHAPES, measure
+from bench.run import SHAPES, build_models, measure, run_json, run_python
 
 TOKEN = "gpu-check-token"
 MEMORY_SLACK_MB = 64
@@ -96,25 +96,6 @@ def nvidia_smi(*query: str) -> list[str]:
     return [line.strip() for line in done.stdout.splitlines() if line.strip()]
 
 
-def python(args: list[str], env: dict[str, str], timeout: float = 600, path: str | None = None) -> str:
-    """Run a Python helper; its stdout, or RuntimeError with its stderr."""
-    full = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **env}
-    if path is not None:
-        full["PYTHONPATH"] = path
-    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=full, capture_output=True, text=True,
-                          timeout=timeout, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{args[:2]} failed:\n{done.stderr[-3000:]}")
-    return done.stdout
-
-
-def build_models(plan: Plan) -> dict[str, Path]:
-    out = python(["-c", "import json, sys; from pathlib import Path; from bench.models import build; "
-                        "print(json.dumps({m: str(build(m, Path(sys.argv[1]))) for m in sys.argv[2:]}))",
-                  str(plan.out / "models"), *plan.models], {"CUDA_VISIBLE_DEVICES": ""})
-    return {name: Path(path) for name, path in json.loads(out.strip().splitlines()[-1]).items()}
-
-
 def serve(plan: Plan, base: Path, name: str, env: dict[str, str], *flags: str) -> ServerProcess:
     log = plan.out / f"server-{name}-{len(list(plan.out.glob('server-*.log')))}.log"
     return start_server(["--model-base-path", str(base), "--model-name", name, "--drain-delay-s", "0", *flags],
@@ -144,15 +125,16 @@ def check_answers(plan: Plan, base: Path, server: ServerProcess, env: dict[str, 
     inputs: dict[str, Any] = {f"r{i:02d}": rng.standard_normal((rows, *shape)).astype(np.float32)
               for i, rows in enumerate(plan.sizes * (1 if plan.short else 2))}
     np.savez(plan.out / "inputs.npz", **inputs)
-    python(["-m", "bench.model_outputs", str(base), str(plan.out / "inputs.npz"), str(plan.out / "expected.npz")], env)
+    run_python(["-m", "bench.model_outputs", str(base), str(plan.out / "inputs.npz"), str(plan.out / "expected.npz")],
+               600, env)
     before = [server.metric("mirrorserve_replica_rows_total", replica=str(r)) for r in (0, 1)]
     official = os.environ.get("OFFICIAL_CLIENT_PATH") or str(ROOT / ".venv" / "official")
     triton = os.environ.get("TRITON_CLIENT_PATH") or str(ROOT / ".venv" / "tritonclient")
     scripts = ROOT / "tests" / "integration"
-    python([str(scripts / "official_client.py"), server.target, "mlp", str(plan.out / "inputs.npz"),
-            str(plan.out / "official.npz")], {}, path=official)
-    python([str(scripts / "triton_client.py"), server.target, "mlp", "x", str(plan.out / "inputs.npz"),
-            str(plan.out / "triton.npz")], {}, path=triton)
+    run_python([str(scripts / "official_client.py"), server.target, "mlp", str(plan.out / "inputs.npz"),
+                str(plan.out / "official.npz")], 600, {"PYTHONPATH": official})
+    run_python([str(scripts / "triton_client.py"), server.target, "mlp", "x", str(plan.out / "inputs.npz"),
+                str(plan.out / "triton.npz")], 600, {"PYTHONPATH": triton})
     after = [server.metric("mirrorserve_replica_rows_total", replica=str(r)) for r in (0, 1)]
     worst = 0.0
     wrong = []
@@ -177,8 +159,8 @@ def ceiling(base: Path, model: str, env: dict[str, str], plan: Plan) -> float:
     """The in-process rows/s at batch 64 (bench.inprocess)."""
     row = plan.out / f"{model}-row.npy"
     np.save(row, np.random.default_rng(0).standard_normal(SHAPES[model][1]).astype(np.float32))
-    found = json.loads(python(["-m", "bench.inprocess", str(base), str(row), str(plan.out / f"{model}-response.pb"),
-                               str(plan.seconds), "64"], env).strip().splitlines()[-1])
+    found = run_json(["-m", "bench.inprocess", str(base), str(row), str(plan.out / f"{model}-response.pb"),
+                      str(plan.seconds), "64"], 600, env)
     return float(found["rows_per_s"]["64"])
 
 
@@ -254,7 +236,7 @@ def worker_gpu_mb(server: ServerProcess) -> int:
 
 
 def run(plan: Plan) -> tuple[list[Check], list[str]]:
-    bases = build_models(plan)
+    bases = build_models(plan.models, plan.out / "models", {"CUDA_VISIBLE_DEVICES": ""})
     replicas = {"GPU": "2", "CPU": "2" if not plan.gpu else "1"}
     checks: list[Check] = []
     table: list[str] = []

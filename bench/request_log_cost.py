@@ -23,7 +23,7 @@ import numpy as np
 
 from bench.launch import ROOT, ServerProcess, start_server
 from bench.results import Run
-from bench.run import SHAPES, measure, run_json
+from bench.run import SHAPES, build_models, measure
 
 RATES = {"off": None, "0.01": 0.01, "1.0": 1.0}
 
@@ -63,9 +63,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
-        base = Path(run_json(["-c", "import json, sys; from pathlib import Path; from bench.models import build; "
-                              "print(json.dumps(str(build('mlp', Path(sys.argv[1])))))", str(out / "models")],
-                             timeout=600))
+        base = build_models(["mlp"], out / "models")["mlp"]
         input_file = work / "mlp-input.npy"
         np.save(input_file, np.random.default_rng(0).standard_normal(SHAPES["mlp"][1]).astype(np.float32))
         folder = work / "server"

@@ -31,12 +31,27 @@ BATCH_ROWS = "mirrorserve_batch_rows"
 """The server's histogram of rows per executed batch (server.metrics)."""
 
 
-def run_json(args: list[str], timeout: float) -> Any:
-    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+def run_python(args: list[str], timeout: float, env: dict[str, str] | None = None) -> str:
+    """`python ARGS` in the repository, `env` over ENV; its stdout, or RuntimeError with its stderr."""
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, env={**ENV, **(env or {})}, capture_output=True,
+                          text=True, timeout=timeout, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{args} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return done.stdout
+
+
+def run_json(args: list[str], timeout: float, env: dict[str, str] | None = None) -> Any:
+    """The JSON a Python helper prints last."""
+    return json.loads(run_python(args, timeout, env).strip().splitlines()[-1])
+
+
+def build_models(models: list[str], out: Path, env: dict[str, str] | None = None) -> dict[str, Path]:
+    """bench.models' SavedModels under `out` (built once, kept), in a process of their own: the
+    caller stays without TensorFlow."""
+    found = run_json(["-c", "import json, sys; from pathlib import Path; from bench.models import build; "
+                            "print(json.dumps({m: str(build(m, Path(sys.argv[1]))) for m in sys.argv[2:]}))",
+                      str(out), *models], timeout=600, env=env)
+    return {name: Path(path) for name, path in found.items()}
 
 
 @dataclasses.dataclass
@@ -150,9 +165,7 @@ def in_process_ceiling(model: str, base: Path, input_file: Path, response: Path,
 
 
 def run_model(model: str, opts: argparse.Namespace, out: Path, work: Path) -> ModelResults:
-    base = Path(run_json(["-c", "import json, sys; from pathlib import Path; from bench.models import build; "
-                          f"print(json.dumps(str(build({model!r}, Path(sys.argv[1])))))",
-                          str(out / "models")], timeout=600))
+    base = build_models([model], out / "models")[model]
     input_file = work / f"{model}-input.npy"
     np.save(input_file, np.random.default_rng(0).standard_normal(SHAPES[model][1]).astype(np.float32))
     response = work / f"{model}-response.pb"
