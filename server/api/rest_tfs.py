@@ -147,7 +147,8 @@ class TfsRest(rest.RestFrontEnd):
 
 
 def _example_features(servable: Servable) -> dict[str, Any]:
-    """The example features of each signature that takes one string input (built once a version)."""
+    """The features each signature that parses tf.Examples reads, where the worker could tell
+    (built once a version): what checking a :classify or :regress body needs."""
     features = servable.cache.get("example-features")
     if features is None:
         model = predictor_of(servable).model
