@@ -105,12 +105,14 @@ def poll_until(process: subprocess.Popen[bytes], find: Callable[[], T | None], l
     raise RuntimeError(f"{what} did not start:\n{log_path.read_text(errors='replace')[-4000:]}")
 
 
-def spawn_server(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """`python -m server` on free ports (gRPC and REST), its output to log_path; returns at once."""
+def spawn_server(args: list[str], log_path: Path, env: dict[str, str] | None = None,
+                 tree: Path = ROOT) -> subprocess.Popen[bytes]:
+    """`python -m server` on free ports (gRPC and REST), its output to log_path; returns at once.
+    `tree`: the checkout whose server runs (another one's, to compare builds: bench.versus)."""
     with log_path.open("wb") as log_file:
         return subprocess.Popen(
             [sys.executable, "-m", "server", "--port", "0", "--rest-api-port", "0", *args],
-            cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT,
+            cwd=tree, stdout=log_file, stderr=subprocess.STDOUT,
             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})},
         )
 

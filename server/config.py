@@ -125,6 +125,10 @@ class Settings:
     """Replay each version's warmup file (assets.extra/tf_serving_warmup_requests) before it serves."""
     warmup_iterations: int = 1
     """Times each warmup record is run (TF Serving's num_request_iterations_for_warmup)."""
+    strict_warm_up: bool = True
+    """A version whose signatures fail on the generated warm-up rows (every batch size it will run,
+    on zeros) does not serve: its load fails, saying why. Off, that failure is a warning. A version
+    with its own warmup file is judged by that file's requests instead."""
     signature_method_name_check: bool = False
     """Classify and Regress only on signatures whose method_name says so (TF Serving's
     enable_signature_method_name_check); off, a signature of the right shape serves whatever its
@@ -329,6 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "file) before it serves (default: on; --no-model-warmup skips them)")
     p.add_argument("--warmup-iterations", type=_positive_int, default=1, metavar="N",
                    help="times each warmup record is run (default 1)")
+    p.add_argument("--strict-warm-up", action=argparse.BooleanOptionalAction, default=True,
+                   help="a version that fails on the generated warm-up rows (zeros, each batch size) does not "
+                        "serve, and its status says why (default: on; a version with a warmup file is judged "
+                        "by that file instead; --no-strict-warm-up logs the failure and serves)")
     p.add_argument("--signature-method-name-check", action=argparse.BooleanOptionalAction, default=False,
                    help="Classify and Regress only on signatures whose method_name is tensorflow/serving/classify "
                         "or .../regress (default: off, as in TF Serving: a signature of the right inputs and "

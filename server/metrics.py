@@ -52,7 +52,9 @@ BATCH_ROWS = Histogram(
     ["model", "version"], buckets=ROW_BUCKETS,
 )
 REPLICA_ROWS = Counter(
-    "mirrorserve_replica_rows_total", "Rows executed by each replica.", ["model", "version", "replica"],
+    "mirrorserve_replica_rows_total",
+    "Rows of the batches executed by each replica (not the filler row a replica runs when a batch has fewer "
+    "rows than replicas).", ["model", "version", "replica"],
 )
 QUEUE_ROWS = Gauge("mirrorserve_queue_rows", "Rows waiting for a batch.", ["model", "version"])
 QUEUE_ROWS_LIMIT = Gauge(

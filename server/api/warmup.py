@@ -39,11 +39,11 @@ from server.core.example_methods import CLASSIFY, REGRESS
 from server.core.inference import infer
 from server.core.model_process import LoadError
 from server.core.servables import Servable
+from server.core.version_folders import WARMUP_FILE
 from server.errors import ServingError
 
 log = logging.getLogger("server.api.warmup")
 
-WARMUP_FILE = Path("assets.extra") / "tf_serving_warmup_requests"
 MAX_RECORDS = 1000
 """TF Serving's WarmupConsts::kMaxNumRecords."""
 
@@ -97,6 +97,9 @@ class Warmup:
         self._iterations = iterations
         self._max_tensor_bytes = max_tensor_bytes
         self._examples = examples
+
+    def covers(self, path: str) -> bool:
+        return (Path(path) / WARMUP_FILE).is_file()
 
     async def __call__(self, servable: Servable) -> Replayed | None:
         path = Path(servable.path) / WARMUP_FILE

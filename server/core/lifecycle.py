@@ -99,8 +99,10 @@ class Worker(Protocol):
     fake in the unit tests. Each call raises Unavailable once the worker is gone."""
 
     async def load(self, servable: int, name: str, version: int, path: str,
-                   warm_up_sizes: tuple[int, ...], max_inflight: int) -> Loaded:
-        """Load and warm up one version under the servable id; LoadError if it fails."""
+                   warm_up_sizes: tuple[int, ...], max_inflight: int,
+                   warm_up_failure_allowed_by: str | None = None) -> Loaded:
+        """Load and warm up one version under the servable id; LoadError if it fails (its warm-up
+        on generated rows included, unless `warm_up_failure_allowed_by` says what allows that)."""
 
     async def unload(self, servable: int) -> None:
         """Free a servable that will be sent no more batches."""
@@ -113,8 +115,14 @@ class Worker(Protocol):
         """False once the worker is gone (health then says NOT_SERVING)."""
 
 
-WarmUp = Callable[[Servable], Awaitable[object]]
-"""Run on a loaded version before it serves; LoadError fails its load."""
+class WarmUp(Protocol):
+    """A version's own warm-up requests (server.api.warmup: its warmup file)."""
+
+    def covers(self, path: str) -> bool:
+        """Whether the version folder at `path` has warm-up requests of its own to run."""
+
+    def __call__(self, servable: Servable) -> Awaitable[object]:
+        """Run them on the loaded version before it serves; LoadError fails its load."""
 
 
 class Lifecycle:
@@ -271,7 +279,7 @@ class Lifecycle:
                  extra=fields)
         try:
             loaded = await self._worker.load(servable.id, name, version, path, policy.warm_up_sizes(),
-                                             policy.max_inflight_batches)
+                                             policy.max_inflight_batches, self._warm_up_failure_allowed_by(path))
         except (LoadError, Unavailable) as exc:
             self._load_failed(servable, exc)
             return
@@ -314,12 +322,22 @@ class Lifecycle:
                   extra=_fields(servable.name, servable.version))
         self._on_change()
 
+    def _warm_up_failure_allowed_by(self, path: str) -> str | None:
+        """What lets a version serve though it failed on the generated warm-up rows: nothing by
+        default (its load fails, and its status says why), --no-strict-warm-up, or a warmup file
+        of its own, whose real requests then decide instead."""
+        if not self._settings.strict_warm_up:
+            return "--no-strict-warm-up"
+        if self._warm_up is not None and self._warm_up.covers(path):
+            return "its warmup file decides: its requests run next, and a failure fails the load"
+        return None
+
     async def _warm_batch_path(self, servable_id: int, info: ModelInfo, inflight: int) -> None:
         """One 1-row batch of each signature, `inflight` at once, through the hand-off real batches
         take: the worker warmed the version up on its loader thread, but a batch thread's first
         call of a program, and the first batch's shared-memory slot, still cost set-up that must
-        not land on the first request. A model that refuses zeros is left to its real requests, as
-        in the worker's own warm-up."""
+        not land on the first request. A failure here is only logged: the worker's warm-up on the
+        same rows has already passed, or was allowed to fail (_warm_up_failure_allowed_by)."""
         for name, signature in info.signatures.items():
             if name in info.unservable:
                 continue

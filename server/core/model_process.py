@@ -130,12 +130,14 @@ class ModelProcess:
         return first
 
     async def load(self, servable: int, name: str, version: int, path: str,
-                   warm_up_sizes: tuple[int, ...], max_inflight: int) -> Loaded:
-        """Load and warm up one version in the worker under a fresh servable id; LoadError if it fails."""
+                   warm_up_sizes: tuple[int, ...], max_inflight: int,
+                   warm_up_failure_allowed_by: str | None = None) -> Loaded:
+        """Load and warm up one version in the worker under a fresh servable id; LoadError if it
+        fails (Load.warm_up_failure_allowed_by says when a failed warm-up does not)."""
         self._check_alive()
         future: asyncio.Future[Loaded] = asyncio.get_running_loop().create_future()
         self._loads[servable] = future
-        self._send(Load(servable, name, version, path, warm_up_sizes, max_inflight))
+        self._send(Load(servable, name, version, path, warm_up_sizes, max_inflight, warm_up_failure_allowed_by))
         return await future
 
     async def unload(self, servable: int) -> None:

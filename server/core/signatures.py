@@ -58,6 +58,10 @@ class ExampleFeature:
     """A dense feature without a default: an example without it fails the model."""
 
 
+GENERATED_ROWS = "zeros, empty strings or a tf.Example of zeros, unknown dimensions 1"
+"""What Signature.example's rows hold, as a load's error message says it."""
+
+
 @dataclass(frozen=True)
 class Signature:
     name: str

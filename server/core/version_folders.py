@@ -1,12 +1,16 @@
 """Which version folders a model's base path holds (TensorFlow Serving's BASE/<version>/ layout).
 
-Which of them are served is the version policy's business (server.core.model_config)."""
+Which of them are served is the version policy's business (server.core.model_config); what a
+version folder may hold besides its SavedModel is named here too."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from server.limits import ascii_int64
+
+WARMUP_FILE = Path("assets.extra") / "tf_serving_warmup_requests"
+"""TF Serving's warmup file in a version folder: requests replayed before the version serves."""
 
 
 def scan_versions(base_path: str | Path) -> dict[int, Path]:

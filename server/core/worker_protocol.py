@@ -54,6 +54,9 @@ class Load:
     """Batch sizes to run once before serving (the model's batching policy says which)."""
     max_inflight: int
     """Batches of this servable the server may send at once: the worker keeps that many threads."""
+    warm_up_failure_allowed_by: str | None = None
+    """None: a signature that fails on the generated warm-up rows fails the load. Otherwise what
+    lets it serve anyway (logged with the failure): --no-strict-warm-up, or its warmup file."""
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -53,17 +54,24 @@ def build_demo_model(version_dir: Path) -> None:
 
 def ensure_demo_model() -> Path:
     """The demo model's base path (BASE/1/saved_model.pb), building it on first use."""
-    base = cache_dir() / f"{DEMO_NAME}-r{DEMO_REVISION}"
-    if (base / "1" / "saved_model.pb").is_file():
+    return ensure_built(f"{DEMO_NAME}-r{DEMO_REVISION}", lambda staging: build_demo_model(staging / "1"))
+
+
+def ensure_built(name: str, build: Callable[[Path], None]) -> Path:
+    """cache_dir()/name, which `build` fills on first use (given an empty folder to fill). The
+    folder is built apart and renamed into place whole, so it exists only complete, and
+    concurrent first uses cannot see a half-written one."""
+    base = cache_dir() / name
+    if base.is_dir():
         return base
     base.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=base.parent))
     try:
-        build_demo_model(staging / "1")
+        build(staging)
         try:
             staging.rename(base)
         except OSError:
-            if not (base / "1" / "saved_model.pb").is_file():
+            if not base.is_dir():
                 raise  # the rename failed for another reason than a concurrent build winning
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -117,8 +117,11 @@ def error_code(exc: BaseException) -> int:
     import tensorflow as tf
     from google.protobuf.message import DecodeError
 
-    if isinstance(exc, tf.errors.OpError):
-        return int(exc.error_code)
+    cause: BaseException | None = exc
+    while cause is not None:  # a failed warm-up wraps the model's own error
+        if isinstance(cause, tf.errors.OpError):
+            return int(cause.error_code)
+        cause = cause.__cause__
     if isinstance(exc, FileNotFoundError):
         return NOT_FOUND
     if isinstance(exc, DecodeError):
@@ -191,10 +194,19 @@ class _Servables:
                 if name not in info.unservable
             }
             for runner in runners.values():
-                runner.warm_up(job.warm_up_sizes)
+                try:
+                    runner.warm_up(job.warm_up_sizes)
+                except replicas.WarmUpFailed as exc:
+                    if job.warm_up_failure_allowed_by is None:
+                        raise
+                    log.warning("model '%s' version %d: %s; served anyway (%s)", job.name, job.version, exc,
+                                job.warm_up_failure_allowed_by)
         except Exception as exc:
             log.debug("loading %s failed", job.path, exc_info=True)
-            failed = LoadFailed(job.servable, error_code(exc), f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS])
+            message = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+            if isinstance(exc, replicas.WarmUpFailed):
+                message += f" -- {exc.WAYS_THROUGH}"
+            failed = LoadFailed(job.servable, error_code(exc), message)
             del exc  # its traceback holds the half-loaded model
             _collect()
             self._batches.allow(self._at_once())

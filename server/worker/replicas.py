@@ -1,12 +1,20 @@
 """The tf.distribute side: which devices are replicas, and running one batch across all of them.
 
 One MirroredStrategy serves every replica count, 1 included. A batch is split by rows into
-contiguous, near-equal chunks (uneven splits and empty chunks are fine), the chunks become one
-per-replica value, `strategy.run` executes the signature on every replica inside one `tf.function`,
-and `strategy.experimental_local_results` hands back a tuple with one result per replica in every
+contiguous, near-equal chunks (uneven splits are fine), the chunks become one per-replica value,
+`strategy.run` executes the signature on every replica inside one `tf.function`, and
+`strategy.experimental_local_results` hands back a tuple with one result per replica in every
 case (never the `.values`-only-when-several-replicas trap). The outer function has an input
 signature with an unknown batch dimension, so it is traced once per signature, not once per
 combination of chunk sizes.
+
+Empty chunks are not fine: convolution and batch-norm kernels may refuse a zero-row tensor
+(oneDNN's, chosen per CPU, did for a small convnet and for MobileNetV2; GPU kernels are not known
+to be safe either). So a batch with fewer rows than replicas gives each replica left without rows
+a copy of the batch's first row to run, and drops what it returns (assembly.replica_chunks). The
+other way, running only as many shards as rows, would need a second program per shard count,
+traced and warmed up, that runs outside `strategy.run`; the filler costs one row on a replica
+that would otherwise idle (docs/performance.md has the figures).
 
 With one replica on a CPU, the program runs on TensorFlow's single-threaded executor: its ops run
 one after another on the thread that calls it, instead of each being handed to the inter-op
@@ -27,8 +35,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from server.core.assembly import Tensors, check_rows, concat_rows, replica_bounds
-from server.core.signatures import Signature
+from server.core.assembly import Tensors, check_rows, concat_rows, replica_chunks
+from server.core.signatures import GENERATED_ROWS, Signature
+from server.core.version_folders import WARMUP_FILE
 from server.dtypes import dtype_enum
 from server.errors import ModelFailure
 
@@ -157,42 +166,60 @@ class SignatureRunner:
         """Run one batch (blocking): its outputs, rows in the same order, and how many of its rows
         each replica ran (what mirrorserve_replica_rows_total counts)."""
         rows = next(iter(batch.values())).shape[0]
-        bounds = replica_bounds(rows, self.replicas)
-        chunks = [{name: array[lo:hi] for name, array in batch.items()} for lo, hi in bounds]
+        chunks, real = replica_chunks(batch, self.replicas)
         try:
             with tf.experimental.function_executor_type(self.executor):
                 results = self._run_all(chunks)
         except tf.errors.OpError as exc:
             raise ModelFailure(f"signature '{self.signature.name}' failed on {rows} rows: {exc.message}") from exc
         outputs = []
-        for replica, ((lo, hi), result) in enumerate(zip(bounds, results, strict=True)):
+        for replica, (own, result) in enumerate(zip(real, results, strict=True)):
+            if not own:
+                continue  # a filler row's answer
             arrays = {name: tensor.numpy() for name, tensor in result.items()}
-            check_rows(arrays, hi - lo, f"replica {replica}")
+            check_rows(arrays, own, f"replica {replica}")
             outputs.append(arrays)
-        return concat_rows(outputs), tuple(hi - lo for lo, hi in bounds)
+        return concat_rows(outputs), tuple(real)
 
     def warm_up(self, sizes: Sequence[int]) -> None:
-        """Run each batch size once (BatchingPolicy.warm_up_sizes), so neither tracing nor the
-        kernels' first-use set-up for a new shape lands on a real request."""
+        """Run each batch size once (BatchingPolicy.warm_up_sizes) on generated rows (Signature.example),
+        so neither tracing nor the kernels' first-use set-up for a new shape lands on a real request.
+        WarmUpFailed if the model refuses them: the loader decides whether that fails the load."""
         for rows in sizes:
             try:
                 self(self.signature.example(rows))
-            except Exception:
-                if self.executor != DEFAULT_EXECUTOR and self._default_executor_runs(rows):
-                    continue
-                # Tracing happened even if the model rejects zeros; real requests will tell.
-                log.warning("warm-up of signature '%s' on %d rows of zeros failed", self.signature.name, rows,
-                            exc_info=True)
-                return
+            except Exception as exc:
+                if self.executor == DEFAULT_EXECUTOR:
+                    raise self._refused(rows, exc) from exc
+                self._switch_to_default_executor(rows)
 
-    def _default_executor_runs(self, rows: int) -> bool:
+    def _switch_to_default_executor(self, rows: int) -> None:
         """After a failed call on the single-threaded executor, switch to the default one, which
-        runs every graph; True if it runs this batch (so the failure was the executor's)."""
+        runs every graph; WarmUpFailed if the batch fails there too (the model's failure, then)."""
         self._run_all, self.executor = self._trace(DEFAULT_EXECUTOR), DEFAULT_EXECUTOR
         try:
             self(self.signature.example(rows))
-        except Exception:
-            return False
+        except Exception as exc:
+            raise self._refused(rows, exc) from exc
         log.info("signature '%s' runs on TensorFlow's default executor: the single-threaded one refused it",
                  self.signature.name)
-        return True
+
+    def _refused(self, rows: int, exc: Exception) -> WarmUpFailed:
+        cause = exc.__cause__ if isinstance(exc.__cause__, tf.errors.OpError) else exc
+        detail = cause.message if isinstance(cause, tf.errors.OpError) else f"{type(cause).__name__}: {cause}"
+        if len(detail) > MAX_DETAIL_CHARS:
+            detail = detail[:MAX_DETAIL_CHARS] + " ..."
+        return WarmUpFailed(f"signature '{self.signature.name}' failed its warm-up on {rows} generated rows "
+                            f"({GENERATED_ROWS}): {detail.strip()}")
+
+
+MAX_DETAIL_CHARS = 1200
+"""Of the model's own error in a failed warm-up's message (TensorFlow's name the node, the op and
+the stack of its definition; the load's message keeps room for what to do about it)."""
+
+
+class WarmUpFailed(Exception):
+    """A signature failed on the generated warm-up rows; its __cause__ is the model's own error."""
+
+    WAYS_THROUGH = (f"a model that refuses such rows is served with a warmup file ({WARMUP_FILE}) of real "
+                    f"requests, or with --no-strict-warm-up")

@@ -7,6 +7,7 @@ Each is tiny and deterministic, made to expose one property of the server:
 - tagged: answers with its own version number: which version served a request (lifecycle).
 - batch_rows: answers each row with the number of rows of the batch it ran in (padding, splits).
 - convolution: images of any size, XLA-compiled per shape on first use (warmup files).
+- positive_only: asserts its inputs are positive, so it refuses the zeros of the generated warm-up.
 """
 
 from __future__ import annotations
@@ -162,4 +163,16 @@ class Convolution(tf.Module):
 
 def build_convolution(version_dir: Path) -> None:
     module = Convolution()
+    tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.serve})
+
+
+class PositiveOnly(tf.Module):
+    @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
+    def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+        with tf.control_dependencies([tf.debugging.assert_positive(x, message="inputs must be positive")]):
+            return {"log": tf.math.log(x)}
+
+
+def build_positive_only(version_dir: Path) -> None:
+    module = PositiveOnly()
     tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.serve})

@@ -1,5 +1,6 @@
 """`make gpu-check`'s script, in its short dry run (no GPU here): checks 2 and 3 on two logical CPU
-devices, so the script that runs when a GPU is lent cannot rot unseen."""
+devices, so the script that runs when a GPU is lent cannot rot unseen; its cnn at 1 caller runs
+every batch on fewer rows than replicas."""
 
 from __future__ import annotations
 
@@ -32,3 +33,4 @@ def test_the_gpu_check_dry_run_passes(tmp_path: Path) -> None:
     assert "all equal" in results["2 answers"]["detail"]
     assert results["3 throughput"]["passed"] is True, results
     assert "| mlp | CPU (2 replicas) | 16 |" in done.stdout
+    assert "| cnn | CPU (2 replicas) | 1 |" in done.stdout  # 1-row batches on 2 replicas: a filler row each

@@ -1,7 +1,9 @@
 """TF Serving's warmup files, written the way TF Serving's documentation writes them (the official
 package's PredictionLog, TensorFlow's TFRecordWriter): replayed before a version serves, so its
 first real request is as fast as the steady ones; a corrupt file or a failing record fails that
-version's load, naming the file and the record, while the version serving goes on serving."""
+version's load, naming the file and the record, while the version serving goes on serving. And
+the worker's own warm-up on generated rows: a version that fails it does not serve, unless a
+warmup file of its own or --no-strict-warm-up lets it."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +25,7 @@ import pytest
 from client.api import build_predict_request, decode_outputs
 from protos.tensorflow_serving import get_model_status_pb2, model_service_pb2_grpc, prediction_service_pb2_grpc
 from tests.integration.conftest import ServerProcess, start_server
-from tests.integration.saved_models import build_convolution
+from tests.integration.saved_models import build_convolution, build_positive_only
 from tests.integration.test_official_client import official_client_path
 
 HERE = Path(__file__).resolve().parent
@@ -241,4 +245,85 @@ def test_a_corrupt_warmup_file_at_start_is_named_while_the_server_waits(convolut
         assert f"not serving yet (health NOT_SERVING); retrying: 'conv': {warmup}: record 0 cannot be read" in (
             server.log())
     finally:
+        server.stop()
+
+
+def model_status(channel: grpc.Channel, model: str) -> dict[int, tuple[int, int, str]]:
+    request = get_model_status_pb2.GetModelStatusRequest()
+    request.model_spec.name = model
+    response = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(request, timeout=10)
+    return {s.version: (s.state, s.status.error_code, s.status.error_message) for s in response.model_version_status}
+
+
+def predict(channel: grpc.Channel, model: str, x: np.ndarray) -> np.ndarray:
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    return decode_outputs(stub.Predict(build_predict_request(model, {"x": x}), timeout=30))["log"]
+
+
+def v2_ready(server: ServerProcess, model: str) -> int:
+    try:
+        with urllib.request.urlopen(f"{server.rest_url}/v2/models/{model}/ready", timeout=10) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+
+
+def test_a_version_that_fails_the_generated_warm_up_does_not_serve_unless_its_warmup_file_passes(
+        tmp_path: Path) -> None:
+    """positive_only refuses zeros: alone it does not serve and says why; the same model with a
+    warmup file of positive rows is judged by that file, and serves."""
+    build_positive_only(tmp_path / "picky" / "1")
+    shutil.copytree(tmp_path / "picky", tmp_path / "picky_warm")
+    write_warmup(tmp_path / "picky_warm" / "1", {"a": {"x": np.full((2, 2), 3.0, np.float32)}})
+    config = tmp_path / "models.config"
+    config.write_text("model_config_list {" + "".join(
+        f' config {{ name: "{name}" base_path: "{tmp_path / name}" }}' for name in ("picky", "picky_warm")) + " }\n")
+    server = start_server(["--model-config-file", str(config), "--replicas", "2", "--drain-delay-s", "0"],
+                          tmp_path / "server.log", ready=False)
+    channel = grpc.insecure_channel(server.target)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:  # UNAVAILABLE while the server starts
+                if (model_status(channel, "picky").get(1, (0,))[0] == END
+                        and model_status(channel, "picky_warm").get(1, (0,))[0] == AVAILABLE):
+                    break
+            except grpc.RpcError as error:
+                assert error.code() == grpc.StatusCode.UNAVAILABLE, error
+            time.sleep(0.1)
+        _, code, message = model_status(channel, "picky")[1]
+        assert code == grpc.StatusCode.INVALID_ARGUMENT.value[0], message
+        assert ("signature 'serving_default' failed its warm-up on 1 generated rows" in message
+                and "inputs must be positive" in message and "--no-strict-warm-up" in message), message
+        assert v2_ready(server, "picky") == 400 and v2_ready(server, "picky_warm") == 200
+        with pytest.raises(grpc.RpcError) as refused:
+            predict(channel, "picky", np.ones((1, 2), np.float32))
+        # Failed, or loading again after its back-off: never served.
+        assert refused.value.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE), refused.value
+        np.testing.assert_allclose(predict(channel, "picky_warm", np.full((3, 2), np.e, np.float32)), np.ones((3, 2)),
+                                   rtol=1e-6)
+        log = server.log()
+        assert "model 'picky_warm' version 1: signature 'serving_default' failed its warm-up" in log
+        assert "served anyway (its warmup file decides" in log
+        assert "warmed up model=picky_warm version=1" in log
+        assert "serving model=" not in log  # a configured model has no version: the server is not ready
+    finally:
+        channel.close()
+        server.stop()
+
+
+def test_no_strict_warm_up_serves_a_model_that_refuses_the_generated_rows(tmp_path: Path) -> None:
+    build_positive_only(tmp_path / "picky" / "1")
+    server = start_server(["--model-base-path", str(tmp_path / "picky"), "--model-name", "picky",
+                           "--no-strict-warm-up", "--drain-delay-s", "0"], tmp_path / "server.log")
+    channel = grpc.insecure_channel(server.target)
+    try:
+        np.testing.assert_allclose(predict(channel, "picky", np.full((2, 2), np.e, np.float32)), np.ones((2, 2)),
+                                   rtol=1e-6)
+        with pytest.raises(grpc.RpcError) as refused:  # the model's own check still answers zeros
+            predict(channel, "picky", np.zeros((1, 2), np.float32))
+        assert refused.value.code() != grpc.StatusCode.OK
+        assert "served anyway (--no-strict-warm-up)" in server.log()
+    finally:
+        channel.close()
         server.stop()

@@ -7,7 +7,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from server.core.assembly import check_rows, concat_rows, replica_bounds, split_rows
+from server.core.assembly import check_rows, concat_rows, replica_bounds, replica_chunks, split_rows
 from server.errors import ModelFailure
 
 
@@ -51,6 +51,44 @@ def test_replica_bounds_properties_over_many_combinations() -> None:
             assert max(sizes) - min(sizes) <= 1, where
             # The larger ranges come first (empty ranges, if any, are at the end).
             assert sizes == sorted(sizes, reverse=True), where
+
+
+@pytest.mark.parametrize(
+    ("rows", "replicas", "expected_rows", "expected_real"),
+    [
+        (1, 2, [[10], [10]], [1, 0]),
+        (2, 3, [[10], [11], [10]], [1, 1, 0]),
+        (1, 4, [[10], [10], [10], [10]], [1, 0, 0, 0]),
+        (3, 2, [[10, 11], [12]], [2, 1]),
+        (5, 3, [[10, 11], [12, 13], [14]], [2, 2, 1]),
+        (2, 1, [[10, 11]], [2]),
+    ],
+)
+def test_no_replica_chunk_is_empty_and_fillers_repeat_the_first_row(
+        rows: int, replicas: int, expected_rows: list[list[int]], expected_real: list[int]) -> None:
+    batch = {"x": np.arange(10, 10 + rows)[:, None] * np.array([[1, -1]]),
+             "s": np.array([f"r{i}".encode() for i in range(rows)], dtype=object)}
+    chunks, real = replica_chunks(batch, replicas)
+    assert real == expected_real
+    assert [chunk["x"][:, 0].tolist() for chunk in chunks] == expected_rows
+    assert [chunk["s"].tolist() for chunk in chunks] == [[f"r{v - 10}".encode() for v in r] for r in expected_rows]
+    assert all(np.shares_memory(chunk["x"], batch["x"]) for chunk in chunks)  # views, no copies
+
+
+def test_replica_chunks_over_many_combinations_keep_every_real_row_once_in_order() -> None:
+    for rows in range(1, 40):
+        for replicas in range(1, 9):
+            batch = {"x": np.arange(rows)}
+            chunks, real = replica_chunks(batch, replicas)
+            assert all(len(chunk["x"]) >= 1 for chunk in chunks)
+            kept = np.concatenate([chunk["x"][:own] for chunk, own in zip(chunks, real, strict=True)])
+            assert kept.tolist() == list(range(rows))
+            assert real == [hi - lo for lo, hi in replica_bounds(rows, replicas)]
+
+
+def test_replica_chunks_refuse_a_batch_without_rows() -> None:
+    with pytest.raises(ValueError, match="a batch of 0 rows has no row to run"):
+        replica_chunks({"x": np.zeros((0, 3))}, 2)
 
 
 def test_concat_rows_keeps_order_key_by_key() -> None:

@@ -44,6 +44,8 @@ class FakeWorker:
         self.fail_loads: dict[int, Exception] = {}
         self.gate: asyncio.Event | None = None
         self.alive = True
+        self.allowed_by: list[str | None] = []
+        """What each load was told lets a failed warm-up pass (Load.warm_up_failure_allowed_by)."""
         self._ids: dict[int, tuple[str, int]] = {}
 
     def _note(self, *call: object) -> None:
@@ -56,8 +58,10 @@ class FakeWorker:
             raise Unavailable("the model worker is gone (exit code -9); retry on another replica")
 
     async def load(self, servable: int, name: str, version: int, path: str,
-                   warm_up_sizes: tuple[int, ...], max_inflight: int) -> Loaded:
+                   warm_up_sizes: tuple[int, ...], max_inflight: int,
+                   warm_up_failure_allowed_by: str | None = None) -> Loaded:
         self._note("load", name, version)
+        self.allowed_by.append(warm_up_failure_allowed_by)
         self._gone()
         failure = self.fail_loads.pop(version, None)
         if failure is not None:
@@ -150,6 +154,38 @@ def test_a_failed_load_is_retried_only_after_its_back_off(tmp_path: Path) -> Non
         assert registry.models["m"].versions[1].error is None
 
     asyncio.run(go())
+
+
+class FileWarmUp:
+    """A warm-up hook that covers the version folders holding a file named 'warmup'."""
+
+    def covers(self, path: str) -> bool:
+        return (Path(path) / "warmup").is_file()
+
+    async def __call__(self, servable: object) -> None:
+        return None
+
+
+def test_a_failed_generated_warm_up_fails_the_load_unless_a_warmup_file_or_the_flag_allows_it(
+        tmp_path: Path) -> None:
+    base = tmp_path / "m"
+    folder(base, 1, 2)
+    (base / "2" / "warmup").write_bytes(b"")
+    source = ModelSource("m", str(base), VersionPolicy("all", 0))
+
+    async def loads(flags: list[str], warm_up: FileWarmUp | None) -> list[str | None]:
+        registry = Registry()
+        registry.starting = False
+        worker = FakeWorker(registry)
+        await Lifecycle(parse_settings(flags), worker, registry, 1, POLICY, warm_up=warm_up).apply([source])
+        return worker.allowed_by  # versions load highest first
+
+    async def go() -> tuple[list[str | None], list[str | None]]:
+        return await loads([], FileWarmUp()), await loads(["--no-strict-warm-up"], FileWarmUp())
+
+    strict, lenient = asyncio.run(go())
+    assert strict == ["its warmup file decides: its requests run next, and a failure fails the load", None]
+    assert lenient == ["--no-strict-warm-up", "--no-strict-warm-up"]
 
 
 def test_the_old_version_unloads_only_once_its_successor_is_available(tmp_path: Path) -> None:
