@@ -12,7 +12,7 @@ installs the `gpu` extra and the official clients first).
 3. throughput: req/s and p50 at 1, 16 and 64 callers on the bench's mlp and cnn, on the GPU and
    on the machine's CPU, each against its in-process ceiling at batch 64 (rows/s): the ratio
    server / in-process is the figure to report. Every call must be OK: at 1 caller each batch has
-   one row, fewer than the replicas, so the cnn's convolutions run on a replica's filler row.
+   one row, fewer than the replicas: it runs on one replica while the other idles.
 4. memory: the GPU memory the server's model worker holds after each of 5 load/unload cycles of
    a model (TensorFlow's memory growth on, one replica), which must stay flat.
 

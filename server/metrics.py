@@ -53,8 +53,8 @@ BATCH_ROWS = Histogram(
 )
 REPLICA_ROWS = Counter(
     "mirrorserve_replica_rows_total",
-    "Rows of the batches executed by each replica (not the filler row a replica runs when a batch has fewer "
-    "rows than replicas).", ["model", "version", "replica"],
+    "Rows executed by each replica (a batch with fewer rows than replicas leaves the rest idle).",
+    ["model", "version", "replica"],
 )
 QUEUE_ROWS = Gauge("mirrorserve_queue_rows", "Rows waiting for a batch.", ["model", "version"])
 QUEUE_ROWS_LIMIT = Gauge(
@@ -93,7 +93,8 @@ MODEL_FAILURES = Counter(
 )
 TRACES = Counter(
     "mirrorserve_tf_function_traces_total",
-    "tf.function traces of the replica program; flat in steady state.", ["model", "version", "signature"],
+    "tf.function traces of the replica programs (one per count of replicas a batch may use, at load); flat in "
+    "steady state.", ["model", "version", "signature"],
 )
 
 REQUEST_LOG_RECORDS = Counter(

@@ -17,7 +17,7 @@ def replica_bounds(rows: int, replicas: int) -> list[tuple[int, int]]:
     """Contiguous [lo, hi) row ranges, one per replica, sizes differing by at most one.
 
     The first `rows % replicas` replicas take one extra row; with fewer rows than replicas the
-    last ones get empty ranges (replica_chunks gives those a filler row to run instead).
+    last ones get empty ranges (shard_bounds leaves those replicas out).
     """
     if replicas < 1 or rows < 0:
         raise ValueError(f"rows={rows} replicas={replicas}")
@@ -27,23 +27,13 @@ def replica_bounds(rows: int, replicas: int) -> list[tuple[int, int]]:
     return [(end - size, end) for size, end in zip(sizes, ends, strict=True)]
 
 
-def replica_chunks(batch: Mapping[str, np.ndarray], replicas: int) -> tuple[list[Tensors], list[int]]:
-    """The chunk of `batch` each replica runs, and how many of its rows are real.
-
-    A replica whose range (replica_bounds) is empty runs the batch's first row again instead, and
-    its outputs are dropped: no replica ever runs a zero-row tensor, which some convolution and
-    batch-norm kernels refuse (oneDNN on some CPUs), and every replica still runs the one traced
-    program. Chunks are views of the batch, the filler too: nothing is copied.
+def shard_bounds(rows: int, replicas: int) -> list[tuple[int, int]]:
+    """The row ranges a batch runs as, one per replica in use: replica_bounds without its empty
+    ranges. A batch with fewer rows than replicas runs on as many replicas as it has rows, one row
+    each; the others run nothing, as some convolution and batch-norm kernels refuse a zero-row
+    tensor (oneDNN's, on some CPUs).
     """
-    rows = next(iter(batch.values())).shape[0]
-    if rows < 1:
-        raise ValueError(f"a batch of {rows} rows has no row to run")
-    chunks, real = [], []
-    for lo, hi in replica_bounds(rows, replicas):
-        run = (lo, hi) if hi > lo else (0, 1)
-        chunks.append({name: array[run[0]:run[1]] for name, array in batch.items()})
-        real.append(hi - lo)
-    return chunks, real
+    return [(lo, hi) for lo, hi in replica_bounds(rows, replicas) if hi > lo]
 
 
 def concat_rows(parts: Sequence[Mapping[str, np.ndarray]]) -> Tensors:

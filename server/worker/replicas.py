@@ -5,16 +5,19 @@ contiguous, near-equal chunks (uneven splits are fine), the chunks become one pe
 `strategy.run` executes the signature on every replica inside one `tf.function`, and
 `strategy.experimental_local_results` hands back a tuple with one result per replica in every
 case (never the `.values`-only-when-several-replicas trap). The outer function has an input
-signature with an unknown batch dimension, so it is traced once per signature, not once per
-combination of chunk sizes.
+signature with an unknown batch dimension, so it is traced once per signature and count of
+replicas in use (below), not once per combination of chunk sizes.
 
 Empty chunks are not fine: convolution and batch-norm kernels may refuse a zero-row tensor
 (oneDNN's, chosen per CPU, did for a small convnet and for MobileNetV2; GPU kernels are not known
-to be safe either). So a batch with fewer rows than replicas gives each replica left without rows
-a copy of the batch's first row to run, and drops what it returns (assembly.replica_chunks). The
-other way, running only as many shards as rows, would need a second program per shard count,
-traced and warmed up, that runs outside `strategy.run`; the filler costs one row on a replica
-that would otherwise idle (docs/performance.md has the figures).
+to be safe either). So a batch with fewer rows than replicas runs on as many replicas as it has
+rows (assembly.shard_bounds), one row each. Every replica still takes part in `strategy.run`; one
+past those in use is handed nothing the model sees and returns zero-row outputs without running
+it. That takes one program per count of replicas in use, 1 to all, each traced once at load and
+run in the warm-up. The other way, giving each idle replica a copy of a real row to run and
+dropping its answer, needs one program but costs a row's work per idle replica: on the logical
+CPU devices of a 2-core machine, which share the cores, a 1-row batch of the bench's cnn took 1.6x
+as long on 2 replicas and 2.7x on 4 (docs/performance.md has the figures).
 
 With one replica on a CPU, the program runs on TensorFlow's single-threaded executor: its ops run
 one after another on the thread that calls it, instead of each being handed to the inter-op
@@ -35,7 +38,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from server.core.assembly import Tensors, check_rows, concat_rows, replica_chunks
+from server.core.assembly import Tensors, check_rows, concat_rows, shard_bounds
 from server.core.signatures import GENERATED_ROWS, Signature
 from server.core.version_folders import WARMUP_FILE
 from server.dtypes import dtype_enum
@@ -131,32 +134,47 @@ class SignatureRunner:
             for name, spec in signature.inputs.items()
             if spec.shape is not None
         }
+        idle = {name: (tf.as_dtype(dtype_enum(spec.dtype)), [0, *(d or 1 for d in (spec.shape or (0,))[1:])])
+                for name, spec in signature.outputs.items()}
+        """What a replica left without rows returns, made without running the model: each output's
+        dtype, and a zero-row shape."""
 
-        def per_replica(chunk: dict[str, tf.Tensor]) -> Any:
-            return function(**chunk)
+        def trace(executor: str, in_use: int) -> Any:
+            """The program for batches run on the first `in_use` replicas, traced for `executor`
+            (the calls nested in it take the executor type in force while tracing). Every replica
+            takes part in `strategy.run`; those past `in_use` are handed an empty slice of the
+            first chunk, which never reaches the model, and return zero-row outputs. Calling the
+            traced program directly skips tf.function's per-call dispatch (about 0.3 ms a batch
+            here); the input signature makes it the only program for that count and executor."""
 
-        def trace(executor: str) -> Any:
-            """The program, traced for `executor`: the calls nested in it take the executor type
-            in force while tracing. Calling the traced program directly skips tf.function's
-            per-call dispatch (about 0.3 ms a batch here); the input signature makes this the
-            only program there will be for that executor."""
+            def per_replica(chunk: dict[str, tf.Tensor]) -> Any:
+                replica = tf.get_static_value(tf.distribute.get_replica_context().replica_id_in_sync_group)
+                if replica is not None and replica >= in_use:  # a constant: each replica is traced apart
+                    return {name: tf.zeros(shape, dtype) for name, (dtype, shape) in idle.items()}
+                return function(**chunk)
 
-            @tf.function(input_signature=[[specs] * self.replicas])
-            def run_all(chunks: list[dict[str, tf.Tensor]]) -> Any:
+            @tf.function(input_signature=[[specs] * in_use])
+            def run_some(chunks: list[dict[str, tf.Tensor]]) -> Any:
                 on_trace()  # Python side effect: runs only while tracing
+                nothing = {name: tensor[:0] for name, tensor in chunks[0].items()}
                 distributed = strategy.experimental_distribute_values_from_function(
-                    lambda ctx: chunks[ctx.replica_id_in_sync_group]
+                    lambda ctx: chunks[ctx.replica_id_in_sync_group] if ctx.replica_id_in_sync_group < in_use
+                    else nothing
                 )
-                return strategy.experimental_local_results(strategy.run(per_replica, args=(distributed,)))
+                return strategy.experimental_local_results(strategy.run(per_replica, args=(distributed,)))[:in_use]
 
             with tf.experimental.function_executor_type(executor):
-                return run_all.get_concrete_function()
+                return run_some.get_concrete_function()
 
         self._trace = trace
         devices = strategy.extended.worker_devices
         self.executor = SINGLE_THREADED if len(devices) == 1 and "CPU" in devices[0].upper() else DEFAULT_EXECUTOR
-        """The executor type the program runs on; the default one if the single-threaded one refused it."""
-        self._run_all = trace(self.executor)
+        """The executor type the programs run on; the default one if the single-threaded one refused them."""
+        self._programs = self._trace_all()
+
+    def _trace_all(self) -> list[Any]:
+        """One program per count of replicas in use, 1 to all, for the current executor."""
+        return [self._trace(self.executor, in_use) for in_use in range(1, self.replicas + 1)]
 
     def __call__(self, batch: Tensors) -> Tensors:
         """Run one batch (blocking); outputs have the batch's rows in the same order."""
@@ -164,28 +182,35 @@ class SignatureRunner:
 
     def run(self, batch: Tensors) -> tuple[Tensors, tuple[int, ...]]:
         """Run one batch (blocking): its outputs, rows in the same order, and how many of its rows
-        each replica ran (what mirrorserve_replica_rows_total counts)."""
+        each replica ran (what mirrorserve_replica_rows_total counts; 0 for a replica not in use)."""
         rows = next(iter(batch.values())).shape[0]
-        chunks, real = replica_chunks(batch, self.replicas)
+        bounds = shard_bounds(rows, self.replicas)
+        outputs = self.run_chunks([{name: array[lo:hi] for name, array in batch.items()} for lo, hi in bounds])
+        sizes = [hi - lo for lo, hi in bounds]
+        return concat_rows(outputs), (*sizes, *[0] * (self.replicas - len(sizes)))
+
+    def run_chunks(self, chunks: Sequence[Tensors]) -> list[Tensors]:
+        """Run one chunk on each of the first len(chunks) replicas, at once (blocking): each
+        chunk's outputs, checked to have its rows."""
         try:
             with tf.experimental.function_executor_type(self.executor):
-                results = self._run_all(chunks)
+                results = self._programs[len(chunks) - 1](list(chunks))
         except tf.errors.OpError as exc:
+            rows = sum(next(iter(chunk.values())).shape[0] for chunk in chunks)
             raise ModelFailure(f"signature '{self.signature.name}' failed on {rows} rows: {exc.message}") from exc
         outputs = []
-        for replica, (own, result) in enumerate(zip(real, results, strict=True)):
-            if not own:
-                continue  # a filler row's answer
+        for replica, (chunk, result) in enumerate(zip(chunks, results, strict=True)):
             arrays = {name: tensor.numpy() for name, tensor in result.items()}
-            check_rows(arrays, own, f"replica {replica}")
+            check_rows(arrays, next(iter(chunk.values())).shape[0], f"replica {replica}")
             outputs.append(arrays)
-        return concat_rows(outputs), tuple(real)
+        return outputs
 
     def warm_up(self, sizes: Sequence[int]) -> None:
         """Run each batch size once (BatchingPolicy.warm_up_sizes) on generated rows (Signature.example),
-        so neither tracing nor the kernels' first-use set-up for a new shape lands on a real request.
-        WarmUpFailed if the model refuses them: the loader decides whether that fails the load."""
-        for rows in sizes:
+        so neither tracing nor the kernels' first-use set-up for a new shape lands on a real request;
+        and each size below the replica count, so every program (one per count of replicas in use)
+        has run. WarmUpFailed if the model refuses them: the loader decides whether that fails the load."""
+        for rows in sorted({*sizes, *range(1, self.replicas)}):
             try:
                 self(self.signature.example(rows))
             except Exception as exc:
@@ -196,7 +221,8 @@ class SignatureRunner:
     def _switch_to_default_executor(self, rows: int) -> None:
         """After a failed call on the single-threaded executor, switch to the default one, which
         runs every graph; WarmUpFailed if the batch fails there too (the model's failure, then)."""
-        self._run_all, self.executor = self._trace(DEFAULT_EXECUTOR), DEFAULT_EXECUTOR
+        self.executor = DEFAULT_EXECUTOR
+        self._programs = self._trace_all()
         try:
             self(self.signature.example(rows))
         except Exception as exc:

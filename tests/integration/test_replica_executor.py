@@ -44,7 +44,7 @@ def test_a_graph_the_single_threaded_executor_refuses_falls_back_to_the_default(
     assert runner.executor == replicas.SINGLE_THREADED  # until its first call says otherwise
     with tf.experimental.function_executor_type(replicas.SINGLE_THREADED), \
             pytest.raises(tf.errors.OpError, match=r"(?i)single-threaded executor"):
-        runner._trace(replicas.SINGLE_THREADED)([{"x": tf.constant([[1.0, 2.0]])}])
+        runner._trace(replicas.SINGLE_THREADED, 1)([{"x": tf.constant([[1.0, 2.0]])}])
     runner.warm_up([1, 2])
     assert runner.executor == replicas.DEFAULT_EXECUTOR
     outputs = runner({"x": np.array([[3.0, 1.5], [0.0, -4.0]], np.float32)})

@@ -7,7 +7,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from server.core.assembly import check_rows, concat_rows, replica_bounds, replica_chunks, split_rows
+from server.core.assembly import check_rows, concat_rows, replica_bounds, shard_bounds, split_rows
 from server.errors import ModelFailure
 
 
@@ -54,41 +54,29 @@ def test_replica_bounds_properties_over_many_combinations() -> None:
 
 
 @pytest.mark.parametrize(
-    ("rows", "replicas", "expected_rows", "expected_real"),
+    ("rows", "replicas", "expected"),
     [
-        (1, 2, [[10], [10]], [1, 0]),
-        (2, 3, [[10], [11], [10]], [1, 1, 0]),
-        (1, 4, [[10], [10], [10], [10]], [1, 0, 0, 0]),
-        (3, 2, [[10, 11], [12]], [2, 1]),
-        (5, 3, [[10, 11], [12, 13], [14]], [2, 2, 1]),
-        (2, 1, [[10, 11]], [2]),
+        (1, 2, [(0, 1)]),
+        (2, 3, [(0, 1), (1, 2)]),
+        (1, 4, [(0, 1)]),
+        (3, 2, [(0, 2), (2, 3)]),
+        (5, 8, [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]),
+        (7, 3, [(0, 3), (3, 5), (5, 7)]),
+        (0, 2, []),
     ],
 )
-def test_no_replica_chunk_is_empty_and_fillers_repeat_the_first_row(
-        rows: int, replicas: int, expected_rows: list[list[int]], expected_real: list[int]) -> None:
-    batch = {"x": np.arange(10, 10 + rows)[:, None] * np.array([[1, -1]]),
-             "s": np.array([f"r{i}".encode() for i in range(rows)], dtype=object)}
-    chunks, real = replica_chunks(batch, replicas)
-    assert real == expected_real
-    assert [chunk["x"][:, 0].tolist() for chunk in chunks] == expected_rows
-    assert [chunk["s"].tolist() for chunk in chunks] == [[f"r{v - 10}".encode() for v in r] for r in expected_rows]
-    assert all(np.shares_memory(chunk["x"], batch["x"]) for chunk in chunks)  # views, no copies
+def test_shard_bounds_leave_out_the_replicas_without_rows(rows: int, replicas: int,
+                                                          expected: list[tuple[int, int]]) -> None:
+    assert shard_bounds(rows, replicas) == expected
 
 
-def test_replica_chunks_over_many_combinations_keep_every_real_row_once_in_order() -> None:
-    for rows in range(1, 40):
+def test_shard_bounds_over_many_combinations_cover_every_row_once_in_order() -> None:
+    for rows in range(0, 40):
         for replicas in range(1, 9):
-            batch = {"x": np.arange(rows)}
-            chunks, real = replica_chunks(batch, replicas)
-            assert all(len(chunk["x"]) >= 1 for chunk in chunks)
-            kept = np.concatenate([chunk["x"][:own] for chunk, own in zip(chunks, real, strict=True)])
-            assert kept.tolist() == list(range(rows))
-            assert real == [hi - lo for lo, hi in replica_bounds(rows, replicas)]
-
-
-def test_replica_chunks_refuse_a_batch_without_rows() -> None:
-    with pytest.raises(ValueError, match="a batch of 0 rows has no row to run"):
-        replica_chunks({"x": np.zeros((0, 3))}, 2)
+            bounds = shard_bounds(rows, replicas)
+            assert len(bounds) == min(rows, replicas)
+            assert all(hi > lo for lo, hi in bounds)
+            assert [row for lo, hi in bounds for row in range(lo, hi)] == list(range(rows))
 
 
 def test_concat_rows_keeps_order_key_by_key() -> None:
