@@ -24,7 +24,7 @@ async def send_all(target: str, sizes: list[int]) -> list[dict[str, np.ndarray]]
         ))
 
 
-@pytest.mark.parametrize("max_batch", [7, 5])
+@pytest.mark.parametrize("max_batch", [5])  # 5 rows: uneven over 2 and 3 replicas (the zoo tests cover 7)
 @pytest.mark.parametrize("replicas", [1, 2, 3])
 def test_each_request_gets_its_own_rows_in_order(server_for, replicas: int, max_batch: int) -> None:
     server = server_for("echo", "--replicas", str(replicas), "--max-batch-size", str(max_batch),
