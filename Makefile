@@ -22,7 +22,7 @@ GPU_STAMP := $(VENV)/.installed-gpu
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test bench soak gpu-check lint typecheck protos protos-check clean prometheus image
+.PHONY: serve test bench versus soak gpu-check lint typecheck protos protos-check clean prometheus image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,12 @@ test: $(STAMP) $(OFFICIAL_STAMP) $(TRITON_STAMP) $(PERF_STAMP) prometheus
 # The performance tables and goals (build/bench/results.md): about 30 minutes; run it on a quiet machine.
 bench: $(STAMP) $(PERF_STAMP)
 	PERF_ANALYZER=$(abspath $(PERF))/perf_analyzer $(PY) -m bench.suite $(BENCH_ARGS)
+
+# This build against another revision, served side by side and measured in turns (bench/versus.py),
+# e.g. make versus REV=main VERSUS_ARGS="--model cnn --concurrency 1,16 --server-flags '--replicas 2'"
+REV ?= main
+versus: $(STAMP)
+	$(PY) -m bench.versus $(REV) $(VERSUS_ARGS)
 
 # The replica path on a real GPU (bench/gpu_check.py; about 5 minutes): one table, exit 1 on a
 # failed check. Without a GPU, a dry run on 2 logical CPU devices (`make test` runs it short).

@@ -17,7 +17,7 @@ it. That takes one program per count of replicas in use, 1 to all, each traced o
 run in the warm-up. The other way, giving each idle replica a copy of a real row to run and
 dropping its answer, needs one program but costs a row's work per idle replica: on the logical
 CPU devices of a 2-core machine, which share the cores, a 1-row batch of the bench's cnn took 1.6x
-as long on 2 replicas and 2.7x on 4 (docs/performance.md has the figures).
+as long on 2 replicas and 2.5x on 4 (docs/performance.md has the figures).
 
 With one replica on a CPU, the program runs on TensorFlow's single-threaded executor: its ops run
 one after another on the thread that calls it, instead of each being handed to the inter-op
@@ -148,9 +148,13 @@ class SignatureRunner:
             here); the input signature makes it the only program for that count and executor."""
 
             def per_replica(chunk: dict[str, tf.Tensor]) -> Any:
-                replica = tf.get_static_value(tf.distribute.get_replica_context().replica_id_in_sync_group)
-                if replica is not None and replica >= in_use:  # a constant: each replica is traced apart
-                    return {name: tf.zeros(shape, dtype) for name, (dtype, shape) in idle.items()}
+                if in_use < self.replicas:
+                    # A constant: MirroredStrategy traces each replica's part apart.
+                    replica = tf.get_static_value(tf.distribute.get_replica_context().replica_id_in_sync_group)
+                    if replica is None:
+                        raise RuntimeError("the replica id is unknown while tracing: idle replicas cannot be told")
+                    if replica >= in_use:
+                        return {name: tf.zeros(shape, dtype) for name, (dtype, shape) in idle.items()}
                 return function(**chunk)
 
             @tf.function(input_signature=[[specs] * in_use])
@@ -192,6 +196,8 @@ class SignatureRunner:
     def run_chunks(self, chunks: Sequence[Tensors]) -> list[Tensors]:
         """Run one chunk on each of the first len(chunks) replicas, at once (blocking): each
         chunk's outputs, checked to have its rows."""
+        if not 1 <= len(chunks) <= self.replicas:
+            raise ModelFailure(f"a batch cannot run as {len(chunks)} chunks on {self.replicas} replicas")
         try:
             with tf.experimental.function_executor_type(self.executor):
                 results = self._programs[len(chunks) - 1](list(chunks))

@@ -23,7 +23,13 @@ import numpy as np
 import pytest
 
 from client.api import build_predict_request, decode_outputs
-from protos.tensorflow_serving import get_model_status_pb2, model_service_pb2_grpc, prediction_service_pb2_grpc
+from protos.tensorflow_serving import (
+    get_model_status_pb2,
+    model_service_pb2_grpc,
+    prediction_log_pb2,
+    prediction_service_pb2_grpc,
+)
+from server import tfrecords
 from tests.integration.conftest import ServerProcess, start_server
 from tests.integration.saved_models import build_convolution, build_positive_only
 from tests.integration.test_official_client import official_client_path
@@ -274,7 +280,11 @@ def test_a_version_that_fails_the_generated_warm_up_does_not_serve_unless_its_wa
     warmup file of positive rows is judged by that file, and serves."""
     build_positive_only(tmp_path / "picky" / "1")
     shutil.copytree(tmp_path / "picky", tmp_path / "picky_warm")
-    write_warmup(tmp_path / "picky_warm" / "1", {"a": {"x": np.full((2, 2), 3.0, np.float32)}})
+    record = prediction_log_pb2.PredictionLog()
+    record.predict_log.request.CopyFrom(build_predict_request("picky_warm", {"x": np.full((2, 2), 3.0, np.float32)}))
+    (tmp_path / "picky_warm" / "1" / WARMUP).parent.mkdir()
+    with tfrecords.Writer(tmp_path / "picky_warm" / "1" / WARMUP) as writer:
+        writer.write(record.SerializeToString())
     config = tmp_path / "models.config"
     config.write_text("model_config_list {" + "".join(
         f' config {{ name: "{name}" base_path: "{tmp_path / name}" }}' for name in ("picky", "picky_warm")) + " }\n")
