@@ -32,6 +32,11 @@ class ModelFailure(ServingError):
     """The model itself failed. The client sees only a generic message; details go to the log."""
 
 
+class QueueFull(Overloaded):
+    """A model's batching queue is full (UNAVAILABLE, REST 503 with Retry-After, as TF Serving and
+    Triton answer it: clients' standard retry policies retry it)."""
+
+
 class TooLarge(Overloaded):
     """The request is bigger than the server accepts (an HTTP body over --max-message-bytes)."""
 

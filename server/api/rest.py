@@ -32,9 +32,12 @@ from server.api.recording import Recorder
 from server.api.refusals import count_refusal
 from server.api.status import http_status_for
 from server.core.servables import Servable
-from server.errors import InvalidInput
+from server.errors import InvalidInput, QueueFull
 
 DEADLINE_HEADER = "Grpc-Timeout"
+RETRY_AFTER_S = "1"
+"""Retry-After of a 503 for a full queue: a queue drains in a batch's time, but the header counts
+whole seconds."""
 METRICS_PATHS = ("/metrics", "/monitoring/prometheus/metrics")
 _TIMEOUT = re.compile(r"(\d{1,8})([HMSmun])")
 _UNIT_SECONDS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
@@ -88,7 +91,10 @@ class RestFrontEnd(Admission):
     def failure(self, method: str, exc: BaseException, started: float, servable: Servable | None = None,
                 name: str = "", peer: str | None = None) -> web.Response:
         code, message = self._recorder.failed(method, exc, started, servable, name, peer or "")
-        return error_response(http_status_for(exc, code), message)
+        response = error_response(http_status_for(exc, code), message)
+        if isinstance(exc, QueueFull):
+            response.headers["Retry-After"] = RETRY_AFTER_S
+        return response
 
     def refusal(self, method: str, started: float) -> web.Response:
         return error_response(503, self.refused(method, started))

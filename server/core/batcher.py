@@ -12,7 +12,8 @@ architecture.md's examples 2-5:
 - With `allowed_batch_sizes`, a batch is padded up to the next allowed size (its first row
   repeated) and the padding's outputs are dropped.
 - At most `max_inflight` batches execute at once; while they run, the next batch keeps filling.
-- The queue is bounded in rows: a request that would overflow it is refused at once (Overloaded).
+- The queue is bounded in rows: a request that would overflow it is refused at once (QueueFull:
+  UNAVAILABLE, which clients retry; one that could never fit, Overloaded).
   A request that dies while queued (cancelled, or past its deadline) gives its rows back at once.
 - Requests with different batch keys (signature, non-batch dimensions) never share a batch.
 - Cancelled and expired requests are dropped before compute: the model never sees their rows.
@@ -38,7 +39,7 @@ import numpy as np
 from server.config import batch_sizes_problem
 from server.core.assembly import Tensors, check_rows, concat_rows, padding_rows, split_rows
 from server.core.batching_policy import SMOOTHING, BatchCost, auto_bound, busy_share, dispatch_at, padded_rows
-from server.errors import DeadlineExceeded, Overloaded, Unavailable
+from server.errors import DeadlineExceeded, Overloaded, QueueFull, Unavailable
 
 
 @dataclass(slots=True)  # a value, never changed; slots, not frozen: made per request or batch
@@ -189,13 +190,16 @@ class Batcher:
         clock: Callable[[], float] = time.monotonic,
         loop_cpu_clock: Callable[[], float] = time.thread_time,
         observer: BatchObserver | None = None,
+        name: str = "the model",
     ) -> None:
+        """`name`: what a refusal calls the queue's model (e.g. "model 'ranker' version 3")."""
         if max_batch_rows < 1 or max_queued_rows < 1 or max_inflight < 1 or (timeout_s or 0) < 0:
             raise ValueError("batcher limits must be positive")
         problem = batch_sizes_problem(allowed_batch_sizes, max_batch_rows, max_name="the batch budget")
         if problem:
             raise ValueError(problem)
         self._run_batch = run_batch
+        self._name = name
         self._max_batch_rows = max_batch_rows
         self._timeout_s = timeout_s
         self._max_queued_rows = max_queued_rows
@@ -269,9 +273,8 @@ class Batcher:
             raise Unavailable("the server is not accepting requests (draining or not started)")
         self.check_size(rows)
         if self._queued_rows + rows > self._max_queued_rows:
-            raise Overloaded(
-                f"queue full: {self._queued_rows} rows waiting, bound {self._max_queued_rows}; retry later"
-            )
+            raise QueueFull(f"queue full: {self._queued_rows} rows waiting for {self._name}, bound "
+                            f"{self._max_queued_rows} (--max-queued-rows); retry later")
         now = self._clock()
         if deadline is not None and now >= deadline:
             self._observer.request_dropped("deadline")

@@ -376,6 +376,7 @@ class Lifecycle:
             max_inflight=policy.max_inflight_batches,
             allowed_batch_sizes=policy.allowed_batch_sizes,
             observer=metrics.BatcherMetrics(*labels, servable.statistics),
+            name=f"model '{servable.name}' version {servable.version}",
         )
         batcher.start()
         metrics.QUEUE_ROWS_LIMIT.labels(*labels).set(policy.max_queued_rows)

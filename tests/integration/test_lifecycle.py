@@ -318,7 +318,7 @@ def test_one_models_overload_does_not_hold_up_another(life: Lifecycle) -> None:
     for thread in flooders:
         thread.start()
     try:
-        wait_until(lambda: "RESOURCE_EXHAUSTED" in slow_codes and len(slow_ok_seconds) >= 3, timeout=60,
+        wait_until(lambda: "UNAVAILABLE" in slow_codes and len(slow_ok_seconds) >= 3, timeout=60,
                    what="the slow model to shed load")
         alpha_seconds = []
         for _ in range(30):
@@ -331,8 +331,8 @@ def test_one_models_overload_does_not_hold_up_another(life: Lifecycle) -> None:
             thread.join(60)
     alpha_p50, slow_p50 = float(np.median(alpha_seconds)), float(np.median(slow_ok_seconds))
     print(f"overload: slow answered {len(slow_ok_seconds)} (p50 {slow_p50 * 1e3:.0f} ms), refused "
-          f"{slow_codes.count('RESOURCE_EXHAUSTED')}; alpha meanwhile p50 {alpha_p50 * 1e3:.0f} ms")
-    assert set(slow_codes) <= {"OK", "RESOURCE_EXHAUSTED"}
+          f"{slow_codes.count('UNAVAILABLE')}; alpha meanwhile p50 {alpha_p50 * 1e3:.0f} ms")
+    assert set(slow_codes) <= {"OK", "UNAVAILABLE"}  # a full queue answers UNAVAILABLE, as TF Serving
     # A request waiting in the slow model's full queue takes several of its batches; alpha waits
     # for at most the two running ones.
     assert alpha_p50 < 0.5 * slow_p50, (alpha_seconds, slow_ok_seconds)

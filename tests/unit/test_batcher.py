@@ -200,12 +200,12 @@ def test_queue_bound(model: FakeModel, executor: ThreadPoolExecutor) -> None:
         assert b.queued_rows == 3
 
         t0 = time.monotonic()
-        await refused(submit(b, request(500, 2)), "queue full: 3 rows waiting, bound 4")
+        await refused(submit(b, request(500, 2)), "queue full: 3 rows waiting for the model, bound 4")
         await refused(submit(b, request(510, 2), key="another key"), "queue full")  # one bound for all keys
         third = asyncio.create_task(submit(b, request(20, 1)))
         await asyncio.sleep(0)
         assert b.queued_rows == 4
-        await refused(submit(b, request(520, 1)), "queue full: 4 rows waiting")
+        await refused(submit(b, request(520, 1)), "queue full: 4 rows waiting for the model")
         await refused(submit(b, request(530, 5)), "request has 5 rows")
         assert time.monotonic() - t0 < 0.1  # refused at once, not after waiting
         assert not held.done()

@@ -159,7 +159,7 @@ def test_cancelled_request_gives_its_rows_back_at_once(
         victim = asyncio.create_task(submit(b, request(100, 3)))
         await asyncio.sleep(0)
         assert b.queued_rows == 3
-        await refused(submit(b, request(200, 2)), "queue full: 3 rows waiting, bound 4")
+        await refused(submit(b, request(200, 2)), "queue full: 3 rows waiting for the model, bound 4")
 
         victim.cancel()
         await turns(2)
@@ -175,7 +175,7 @@ def test_cancelled_request_gives_its_rows_back_at_once(
         await asyncio.sleep(0)
         assert not admitted.done()
         assert b.queued_rows == 2
-        await refused(submit(b, request(300, 3)), "queue full: 2 rows waiting, bound 4")
+        await refused(submit(b, request(300, 3)), "queue full: 2 rows waiting for the model, bound 4")
 
         model.gate.set()
         assert_answer(request(0, 2), await held)

@@ -445,7 +445,7 @@ def test_beyond_max_queued_rows_a_request_is_refused(model: LoopModel) -> None:
         held = await running(b, model, 0)
         queued = asyncio.create_task(b.submit("k", request(10, 3), 3))
         await asyncio.sleep(0.01)
-        await refused(b.submit("k", request(20, 2), 2), "queue full: 3 rows waiting, bound 4")
+        await refused(b.submit("k", request(20, 2), 2), "queue full: 3 rows waiting for the model, bound 4")
         model.gate.set()
         await asyncio.gather(held, queued)
         await b.drain()

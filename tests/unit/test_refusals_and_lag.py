@@ -79,9 +79,18 @@ def test_a_refused_rest_request_is_labelled_by_its_url(method: str, path: str, l
 
 def test_status_codes_of_the_new_refusals() -> None:
     from server.api.status import http_status_for, status_for
-    from server.errors import PermissionDenied, TooLargeInput, Unauthenticated, UnsupportedEncoding
+    from server.errors import (
+        Overloaded,
+        PermissionDenied,
+        QueueFull,
+        TooLargeInput,
+        Unauthenticated,
+        UnsupportedEncoding,
+    )
 
     for exc, code, http in ((UnsupportedEncoding("x"), grpc.StatusCode.INVALID_ARGUMENT, 415),
+                            (QueueFull("x"), grpc.StatusCode.UNAVAILABLE, 503),  # as TF Serving and Triton
+                            (Overloaded("x"), grpc.StatusCode.RESOURCE_EXHAUSTED, 429),  # too many at once
                             (TooLargeInput("x"), grpc.StatusCode.INVALID_ARGUMENT, 400),
                             (PermissionDenied("x"), grpc.StatusCode.PERMISSION_DENIED, 403),
                             (Unauthenticated("x"), grpc.StatusCode.UNAUTHENTICATED, 401)):
