@@ -3,6 +3,14 @@ that maps each class to a status code, so every layer raises the same way."""
 
 from __future__ import annotations
 
+import re
+
+_ROOT_ERROR = re.compile(r"^\s*\(\d+\) [A-Z_]+:\s*")
+"""The head of one of several errors in TensorFlow's message: "  (0) INVALID_ARGUMENT:  "."""
+_NOT_THE_ERROR = re.compile(r"Graph execution error|Detected at node|File |<stack traces|\[\[|\d+ root error|"
+                            r"\d+ successful operations|\d+ derived errors")
+"""Lines of TensorFlow's message around the error itself."""
+
 
 class ServingError(Exception):
     """Base class; the message is safe to show to the client."""
@@ -29,7 +37,38 @@ class Unavailable(ServingError):
 
 
 class ModelFailure(ServingError):
-    """The model itself failed. The client sees only a generic message; details go to the log."""
+    """Running the model failed for a reason of ours (its outputs cannot be split back, the model
+    worker broke). The client sees only a generic message; details go to the log."""
+
+
+class ModelError(ServingError):
+    """The model refused a request: TensorFlow's own error, passed on to the client with its code
+    and message as TF Serving passes a session's status on (an assertion or a gather out of range
+    is INVALID_ARGUMENT, not a server error)."""
+
+    MAX_CHARS = 1000
+    """Of TensorFlow's message: its first line is what the client needs; no graph dump, no stack."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+        """A tensorflow.error.Code, which numbers the codes as gRPC does."""
+
+    @classmethod
+    def from_tensorflow(cls, message: str, code: int) -> ModelError:
+        """From an OpError's message: "Graph execution error:", the "Detected at node ... defined
+        at" block and its stack, the node annotations ("[[{{node X}}]]", "[Op:...]"), and with
+        several replicas the "2 root error(s) found." header and each error's "(0) CODE:" dropped;
+        the first line left is TensorFlow's own words ("indices[0] = 7 is not in [0, 3)")."""
+        for line in message.splitlines():
+            text = _ROOT_ERROR.sub("", line.split("\t [[")[0].split(" [Op:")[0]).strip()
+            if text and not _NOT_THE_ERROR.match(text):
+                break
+        else:
+            text = message.strip() or "the model failed"
+        if len(text) > cls.MAX_CHARS:
+            text = text[: cls.MAX_CHARS] + " ..."
+        return cls(text, code)
 
 
 class QueueFull(Overloaded):

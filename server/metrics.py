@@ -88,7 +88,8 @@ DROPPED = Counter(
 )
 MODEL_FAILURES = Counter(
     "mirrorserve_model_failures_total",
-    "Requests answered INTERNAL because the model failed on them (after isolating them from their batch).",
+    "Requests the model failed on, after isolating them from their batch: its own errors (with TensorFlow's code, "
+    "INVALID_ARGUMENT for most) and INTERNAL failures around it.",
     ["model", "version"],
 )
 TRACES = Counter(

@@ -16,7 +16,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Base paths (BASE/<version>/) of every model the tests serve."""
     from server.worker.demo_model import build_demo_model
-    from tests.integration.saved_models import build_batch_rows, build_echo, build_logic, build_multi, build_slow
+    from tests.integration.saved_models import (
+        build_batch_rows,
+        build_checked,
+        build_echo,
+        build_logic,
+        build_multi,
+        build_slow,
+    )
 
     root = tmp_path_factory.mktemp("models")
     build_demo_model(root / "demo" / "1")
@@ -25,6 +32,7 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     build_slow(root / "slow" / "1")
     build_logic(root / "logic" / "1")
     build_batch_rows(root / "batch_rows" / "1")
+    build_checked(root / "checked" / "1")
     # Several versions: the highest numeric one (3) must be served; junk folders are ignored.
     shutil.copytree(root / "echo" / "1", root / "versioned" / "1")
     shutil.copytree(root / "echo" / "1", root / "versioned" / "3")

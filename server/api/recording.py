@@ -13,7 +13,7 @@ from server import metrics
 from server.api.refusals import REFUSAL_LOG, is_refusal
 from server.api.status import status_for
 from server.core.servables import Registry, Servable
-from server.errors import ModelFailure
+from server.errors import ModelError, ModelFailure
 
 INFERENCE_APIS = {("tfserving", "Predict"): ("Predict", "GRPC"), ("tfserving-rest", "Predict"): ("predict", "REST"),
                   ("tfserving", "Classify"): ("Classify", "GRPC"), ("tfserving-rest", "Classify"): ("classify", "REST"),
@@ -79,7 +79,7 @@ class Recorder:
         """Account for a request that raised: count a model failure against its version, map the
         exception to its status and message (server.api.status), record it, and log it if it is a
         refusal (server.api.refusals)."""
-        if isinstance(exc, ModelFailure) and servable is not None:
+        if isinstance(exc, ModelFailure | ModelError) and servable is not None:
             metrics.MODEL_FAILURES.labels(servable.name, str(servable.version)).inc()
         code, message = status_for(exc)
         self.record(method, code, started, servable, name)

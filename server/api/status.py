@@ -1,7 +1,8 @@
 """The one table from domain errors to gRPC status codes, shared by every front-end, and from
 those codes to HTTP statuses for the REST ones (TensorFlow Serving's own mapping, so a REST client
-sees what TF Serving would send). Unexpected errors are logged with their stack and reach the
-client as INTERNAL "internal error", never as str(exc)."""
+sees what TF Serving would send). The model's own errors (ModelError) carry TensorFlow's code and
+message through. Unexpected errors, and failures of ours around the model (ModelFailure), are
+logged with their stack and reach the client as INTERNAL "internal error", never as str(exc)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from server.errors import (
     DeadlineExceeded,
     FailedPrecondition,
     InvalidInput,
+    ModelError,
     ModelFailure,
     NotFound,
     Overloaded,
@@ -73,8 +75,15 @@ def http_status_for(exc: BaseException, code: grpc.StatusCode) -> int:
     return HTTP_STATUS_FOR[code]
 
 
+_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
-    """The status and client-visible message for an exception raised below a servicer."""
+    """The status and client-visible message for an exception raised below a servicer: the model's
+    own errors with TensorFlow's code and message, as TF Serving answers them."""
+    if isinstance(exc, ModelError):
+        code = _BY_NUMBER.get(exc.code, grpc.StatusCode.INTERNAL)
+        return (grpc.StatusCode.INTERNAL if code is grpc.StatusCode.OK else code), str(exc)
     if isinstance(exc, ModelFailure):
         log.error("model failure: %s", exc, exc_info=exc)
         return grpc.StatusCode.INTERNAL, "internal error"

@@ -40,7 +40,7 @@ from server.core.inference import infer
 from server.core.model_process import LoadError
 from server.core.servables import Servable
 from server.core.version_folders import WARMUP_FILE
-from server.errors import ServingError
+from server.errors import ModelError, ServingError
 
 log = logging.getLogger("server.api.warmup")
 
@@ -84,6 +84,8 @@ def iter_records(path: Path, limit: int = MAX_RECORDS) -> Iterator[bytes]:
 def _failure(exc: Exception) -> tuple[int, str]:
     """A failed warmup request's code and message (the model's own error text included: this goes
     to the operator's log and the version's status, not to a client)."""
+    if isinstance(exc, ModelError):
+        return exc.code, str(exc)
     if isinstance(exc, ServingError) and type(exc) in STATUS_FOR:
         return STATUS_FOR[type(exc)].value[0], str(exc) or type(exc).__name__
     log.error("warmup request failed unexpectedly", exc_info=exc)

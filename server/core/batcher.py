@@ -18,7 +18,8 @@ architecture.md's examples 2-5:
 - Requests with different batch keys (signature, non-batch dimensions) never share a batch.
 - Cancelled and expired requests are dropped before compute: the model never sees their rows.
 - When a batch fails, its requests are re-run in halves (bisection) so that only the requests
-  that make the model fail get the error; their well-formed neighbours still succeed.
+  that make the model fail get the error; their well-formed neighbours still succeed. The re-runs
+  are capped at RETRY_ROWS times the batch's rows.
 
 The batcher owns time and futures; row offsets live in `assembly`.
 """
@@ -40,6 +41,12 @@ from server.config import batch_sizes_problem
 from server.core.assembly import Tensors, check_rows, concat_rows, padding_rows, split_rows
 from server.core.batching_policy import SMOOTHING, BatchCost, auto_bound, busy_share, dispatch_at, padded_rows
 from server.errors import DeadlineExceeded, Overloaded, QueueFull, Unavailable
+
+RETRY_ROWS = 2
+"""A failed batch's re-runs (to find the requests that fail it) cost at most this many times its
+rows. Breadth-first halving finds one failing request among n within that (n, then n/2, n/4, ...:
+under 2n rows); when every request fails, it stops after two levels (n + n rows re-run, 7 runs in
+all), where halving down to single requests would run n log2 n rows in 2n - 1 runs."""
 
 
 @dataclass(slots=True)  # a value, never changed; slots, not frozen: made per request or batch
@@ -468,20 +475,35 @@ class Batcher:
             self._wakeup.set()  # a batch waiting only while this one ran may go now
 
     async def _run_isolating(self, key: Hashable, live: list[_Slice]) -> None:
-        """Run the slices as one batch; if it fails, re-run each half, down to single requests."""
+        """Run the slices as one batch; if it fails, re-run its requests in halves, breadth-first,
+        each failing half split again, down to single requests, within RETRY_ROWS x the batch's
+        rows. A request alone that fails gets its own error; one whose half cannot be afforded
+        any more gets that half's."""
         if not live:
             return
         error = await self._run_once(key, live)
         if error is None:
             return
-        requests = list(dict.fromkeys(s.request for s in live))
-        if len(requests) == 1:
-            requests[0].fail(error)
-            return
-        half = requests[: len(requests) // 2]
-        first = [s for s in live if s.request in half and not s.request.future.done()]
-        await self._run_isolating(key, first)
-        await self._run_isolating(key, [s for s in live if s.request not in half and not s.request.future.done()])
+        budget = RETRY_ROWS * sum(s.rows for s in live)
+        failed: deque[tuple[list[_Slice], Exception]] = deque([(live, error)])
+        while failed:
+            group, error = failed.popleft()
+            requests = list(dict.fromkeys(s.request for s in group))
+            if len(requests) == 1:
+                requests[0].fail(error)
+                continue
+            first = set(requests[: len(requests) // 2])
+            live_now = [s for s in group if not s.request.future.done()]
+            for half in ([s for s in live_now if s.request in first], [s for s in live_now if s.request not in first]):
+                rows = sum(s.rows for s in half)
+                if rows > budget:
+                    for request in dict.fromkeys(s.request for s in half):
+                        request.fail(error)
+                    continue
+                budget -= rows
+                again = await self._run_once(key, half) if half else None
+                if again is not None:
+                    failed.append((half, again))
 
     async def _run_once(self, key: Hashable, live: list[_Slice]) -> Exception | None:
         rows = sum(s.rows for s in live)

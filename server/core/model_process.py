@@ -43,7 +43,7 @@ from server.core.worker_protocol import (
     slot_bytes,
     write_batch,
 )
-from server.errors import ModelFailure, Unavailable
+from server.errors import ModelError, ModelFailure, Unavailable
 
 log = logging.getLogger("server.core.model_process")
 
@@ -247,7 +247,8 @@ class ModelProcess:
         self._release(slot)
         if isinstance(message, Failed):
             if not future.done():
-                future.set_exception(ModelFailure(message.message))
+                future.set_exception(ModelFailure(message.message) if message.code is None
+                                     else ModelError(message.message, message.code))
             return
         self._on_traces(servable, message.traces)
         if not future.done():

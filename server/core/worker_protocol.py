@@ -146,6 +146,9 @@ class Done:
 class Failed:
     seq: int
     message: str
+    code: int | None = None
+    """The model's own error code (a tensorflow.error.Code: server.errors.ModelError, passed on to
+    the client); None for a failure of ours (the client is told "internal error")."""
 
 
 def slot_bytes(parts: Sequence[Mapping[str, np.ndarray]]) -> int:

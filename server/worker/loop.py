@@ -53,7 +53,7 @@ from server.core.worker_protocol import (
     Unloaded,
     read_batch,
 )
-from server.errors import ModelFailure
+from server.errors import ModelError, ModelFailure
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -300,6 +300,8 @@ class _Batches:
         try:
             batch = read_batch(self._slots.get(message.slot), message.inputs)
             outputs, replica_rows = servable.runners[message.signature].run(batch)
+        except ModelError as exc:
+            return Failed(message.seq, str(exc), exc.code)
         except ModelFailure as exc:
             return Failed(message.seq, str(exc))
         except Exception as exc:  # a bug here must fail the batch, not the worker

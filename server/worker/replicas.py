@@ -42,7 +42,7 @@ from server.core.assembly import Tensors, check_rows, concat_rows, shard_bounds
 from server.core.signatures import GENERATED_ROWS, Signature
 from server.core.version_folders import WARMUP_FILE
 from server.dtypes import dtype_enum
-from server.errors import ModelFailure
+from server.errors import ModelError, ModelFailure
 
 log = logging.getLogger(__name__)
 SINGLE_THREADED = "SINGLE_THREADED_EXECUTOR"
@@ -202,8 +202,7 @@ class SignatureRunner:
             with tf.experimental.function_executor_type(self.executor):
                 results = self._programs[len(chunks) - 1](list(chunks))
         except tf.errors.OpError as exc:
-            rows = sum(next(iter(chunk.values())).shape[0] for chunk in chunks)
-            raise ModelFailure(f"signature '{self.signature.name}' failed on {rows} rows: {exc.message}") from exc
+            raise ModelError.from_tensorflow(exc.message, int(exc.error_code)) from exc
         outputs = []
         for replica, (chunk, result) in enumerate(zip(chunks, results, strict=True)):
             arrays = {name: tensor.numpy() for name, tensor in result.items()}
@@ -237,8 +236,7 @@ class SignatureRunner:
                  self.signature.name)
 
     def _refused(self, rows: int, exc: Exception) -> WarmUpFailed:
-        cause = exc.__cause__ if isinstance(exc.__cause__, tf.errors.OpError) else exc
-        detail = cause.message if isinstance(cause, tf.errors.OpError) else f"{type(cause).__name__}: {cause}"
+        detail = str(exc) if isinstance(exc, ModelError) else f"{type(exc).__name__}: {exc}"
         if len(detail) > MAX_DETAIL_CHARS:
             detail = detail[:MAX_DETAIL_CHARS] + " ..."
         return WarmUpFailed(f"signature '{self.signature.name}' failed its warm-up on {rows} generated rows "
@@ -246,8 +244,8 @@ class SignatureRunner:
 
 
 MAX_DETAIL_CHARS = 1200
-"""Of the model's own error in a failed warm-up's message (TensorFlow's name the node, the op and
-the stack of its definition; the load's message keeps room for what to do about it)."""
+"""Of the error in a failed warm-up's message (the model's own is already cut to its first line;
+the load's message keeps room for what to do about it)."""
 
 
 class WarmUpFailed(Exception):

@@ -8,6 +8,8 @@ Each is tiny and deterministic, made to expose one property of the server:
 - batch_rows: answers each row with the number of rows of the batch it ran in (padding, splits).
 - convolution: images of any size, XLA-compiled per shape on first use (warmup files).
 - positive_only: asserts its inputs are positive, so it refuses the zeros of the generated warm-up.
+- checked: asserts its inputs are positive and gathers from a 3-entry table by an index it is
+  sent: TensorFlow's own errors (InvalidArgumentError) on bad rows.
 """
 
 from __future__ import annotations
@@ -175,4 +177,21 @@ class PositiveOnly(tf.Module):
 
 def build_positive_only(version_dir: Path) -> None:
     module = PositiveOnly()
+    tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.serve})
+
+
+class Checked(tf.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = tf.Variable([10.0, 20.0, 30.0], name="table")
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x"),
+                                  tf.TensorSpec([None], tf.int64, name="index")])
+    def serve(self, x: tf.Tensor, index: tf.Tensor) -> dict[str, tf.Tensor]:
+        with tf.control_dependencies([tf.debugging.assert_positive(x, message="inputs must be positive")]):
+            return {"y": tf.reduce_sum(x, axis=1) + tf.gather(self.table, index)}
+
+
+def build_checked(version_dir: Path) -> None:
+    module = Checked()
     tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.serve})

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from server.errors import ModelFailure
+from server.errors import ModelError
 from server.worker import replicas
 from server.worker import saved_model as model
 
@@ -54,5 +54,5 @@ def test_a_graph_the_single_threaded_executor_refuses_falls_back_to_the_default(
 def test_a_model_failure_on_the_default_executor_still_fails_as_the_model(model_dirs: dict[str, Path]) -> None:
     runner = runner_for(model_dirs["slow"])
     runner.warm_up([1])
-    with pytest.raises(ModelFailure, match="poisoned row"):  # value -1: the model's own Assert
+    with pytest.raises(ModelError, match="poisoned row"):  # value -1: the model's own Assert
         runner({"x": np.array([[0.0, -1.0]], np.float32)})

@@ -4,7 +4,10 @@ costs what a request asks and fails on a poisoned row (saved_models.Slow)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.error
+import urllib.request
 
 import grpc
 import numpy as np
@@ -56,7 +59,8 @@ def test_queued_request_past_its_deadline_is_dropped_before_compute(server_for) 
 
 
 def test_poisoned_request_fails_alone(server_for) -> None:
-    """16 requests in one batch, one poisoned: exactly that one gets INTERNAL; the next batch is fine."""
+    """16 requests in one batch, one poisoned: exactly that one fails, with the model's own error
+    (INVALID_ARGUMENT and TensorFlow's message, as TF Serving answers it); the next batch is fine."""
     server = server_for("slow", "--max-batch-size", "16", "--batch-timeout-ms", "200", "--replicas", "2")
     batches_before = server.metric("mirrorserve_batch_rows_count", model="slow")
 
@@ -75,16 +79,67 @@ def test_poisoned_request_fails_alone(server_for) -> None:
     assert failed == [5]
     error = first[5]
     assert isinstance(error, PredictError)
-    assert error.code == grpc.StatusCode.INTERNAL and error.details == "internal error"
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT, error
+    assert error.details.startswith("assertion failed: [poisoned row (value -1) in the batch]"), error.details
+    assert "Graph execution error" not in error.details and "node" not in error.details  # one line, no dump
     for i, result in enumerate(first):
         if i != 5:
             assert isinstance(result, dict) and result["y"].tolist() == [2.0 * i]
     assert all(isinstance(r, dict) and r["y"].tolist() == [2.0 * i] for i, r in enumerate(second))
-    # The details stay in the log, with the stack.
-    log = server.log()
-    assert "poisoned row (value -1) in the batch" in log and "Traceback" in log
+    # A client's error, not the server's: counted, not logged with a stack.
+    assert "Traceback" not in server.log()
     assert server.metric("mirrorserve_model_failures_total", model="slow") == 1
     assert server.process.poll() is None
+
+
+def test_the_models_own_errors_keep_tensorflows_code_and_message_and_spare_the_batch(server_for) -> None:
+    """An assertion, then a gather out of range, each in one batch with 7 good requests: the bad
+    request gets INVALID_ARGUMENT with TensorFlow's words (gRPC, TF Serving REST and v2 REST
+    alike), the good ones their answers, within the re-runs' budget (2 x the batch's rows)."""
+    server = server_for("checked", "--max-batch-size", "16", "--batch-timeout-ms", "200", "--replicas", "2",
+                        "--no-strict-warm-up")  # it refuses the warm-up's zeros, as it would any client's
+    good = [({"x": np.full((1, 2), i + 1.0, np.float32), "index": np.array([i % 3])}, 2.0 * (i + 1) + 10 * (i % 3 + 1))
+            for i in range(7)]
+
+    async def one_batch(bad: dict[str, np.ndarray]) -> list[object]:
+        async with AsyncPredictClient(server.target) as client:
+            calls = [client.predict("checked", inputs, timeout=30) for inputs in
+                     [*(g for g, _ in good[:3]), bad, *(g for g, _ in good[3:])]]
+            return list(await asyncio.gather(*calls, return_exceptions=True))
+
+    for bad, text in (({"x": np.array([[1.0, -2.0]], np.float32), "index": np.array([0])},
+                       "assertion failed: [inputs must be positive"),
+                      ({"x": np.ones((1, 2), np.float32), "index": np.array([7])}, "indices[0] = 7 is not in [0, 3)")):
+        before = server.metric("mirrorserve_batch_rows_count", model="checked")
+        rows_before = server.metric("mirrorserve_batch_rows_sum", model="checked")
+        results = asyncio.run(one_batch(bad))
+        runs = server.metric("mirrorserve_batch_rows_count", model="checked") - before
+        rows = server.metric("mirrorserve_batch_rows_sum", model="checked") - rows_before
+        print(f"{text[:20]}: {runs:.0f} runs, {rows:.0f} rows")
+        answers = [r for r in results if isinstance(r, dict)]
+        assert [float(a["y"][0]) for a in answers] == [want for _, want in good], results
+        error = results[3]
+        assert isinstance(error, PredictError) and error.code == grpc.StatusCode.INVALID_ARGUMENT, error
+        assert error.details.startswith(text), error.details
+        assert rows <= 8 + 2 * 8, rows  # the batch, then its halves within twice its rows
+    status, body = post_json(server.rest_port, "/v1/models/checked:predict",
+                             {"inputs": {"x": [[1.0, 1.0]], "index": [9]}})
+    assert (status, body) == (400, {"error": "indices[0] = 9 is not in [0, 3)"})
+    status, body = post_json(server.rest_port, "/v2/models/checked/infer", {"inputs": [
+        {"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [-1.0, 1.0]},
+        {"name": "index", "shape": [1], "datatype": "INT64", "data": [0]}]})
+    assert status == 400 and body["error"].startswith("assertion failed: [inputs must be positive"), body
+    assert "Traceback" not in server.log()
+
+
+def post_json(port: int, path: str, body: object) -> tuple[int, object]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return int(answer.status), json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return int(error.code), json.loads(error.read())
 
 
 def test_nan_and_inf_pass_through(server_for) -> None:

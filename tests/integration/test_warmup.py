@@ -332,7 +332,8 @@ def test_no_strict_warm_up_serves_a_model_that_refuses_the_generated_rows(tmp_pa
                                    rtol=1e-6)
         with pytest.raises(grpc.RpcError) as refused:  # the model's own check still answers zeros
             predict(channel, "picky", np.zeros((1, 2), np.float32))
-        assert refused.value.code() != grpc.StatusCode.OK
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+        assert (refused.value.details() or "").startswith("assertion failed: [inputs must be positive"), refused.value
         assert "served anyway (--no-strict-warm-up)" in server.log()
     finally:
         channel.close()

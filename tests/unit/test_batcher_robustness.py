@@ -28,7 +28,7 @@ from batcher_fakes import (
     until,
 )
 
-from server.core.batcher import Batcher
+from server.core.batcher import RETRY_ROWS, Batcher
 from server.errors import DeadlineExceeded
 
 pytestmark = pytest.mark.timeout(30)
@@ -252,37 +252,46 @@ def test_split_request_that_reached_the_model_is_not_counted_as_dropped(
 
 # _run_isolating runs a failed batch's requests again in two halves, first half (the first
 # len // 2 requests in queue order, so the smaller half when the count is odd) before the second,
-# recursing depth first; a run of one request that fails fails that request; a run that succeeds
-# answers its requests. Each tuple below is the [lo, hi) index range of the requests in one model
-# call, in call order.
+# breadth-first: every half of one level runs before the halves of a failed half do. A run of one
+# request that fails fails that request; a run that succeeds answers its requests. The re-runs may
+# cost RETRY_ROWS (2) x the batch's rows; a half that no longer fits fails with the error of the
+# run it came from. Each tuple below is the [lo, hi) index range of the requests in one model call,
+# in call order.
 #
-# 16, marked 5:     16 fails -> [0,8) fails -> [0,4) ok, [4,8) fails -> [4,6) fails -> [4] ok, [5] fails;
-#                   [6,8) ok; [8,16) ok.                              Sizes 16 8 4 4 2 1 1 2 8.
-# 16, marked 2, 11: 16 fails -> [0,8) fails -> [0,4) fails -> [0,2) ok, [2,4) fails -> [2] fails, [3] ok;
-#                   [4,8) ok; [8,16) fails -> [8,12) fails -> [8,10) ok, [10,12) fails -> [10] ok,
-#                   [11] fails; [12,16) ok.                           Sizes 16 8 4 2 2 1 1 4 8 4 2 2 1 1 4.
+# 16, marked 5:     16 fails -> [0,8) fails, [8,16) ok -> [0,4) ok, [4,8) fails -> [4,6) fails,
+#                   [6,8) ok -> [4] ok, [5] fails.                    Re-run rows 30 of 32.
+# 16, marked 2, 11: 16 fails -> [0,8) fails, [8,16) fails -> [0,4) fails, [4,8) ok, [8,12) fails,
+#                   [12,16) ok: 32 rows re-run, the budget spent; [0,4) and [8,12) fail whole, with
+#                   their runs' error (6 well-formed requests fail beside the 2 that fail the model).
+# 16, all marked:   16 -> [0,8), [8,16) -> four quarters, all failing: 7 runs, 48 rows in all, where
+#                   halving down to single requests would take 31 runs and 80 rows.
 # 7, marked 6:      7 fails -> [0,3) ok, [3,7) fails -> [3,5) ok, [5,7) fails -> [5] ok, [6] fails.
-#                   Sizes 7 3 4 2 2 1 1 (halving with the larger half first would give 7 4 3 2 1).
 BISECTIONS: dict[tuple[int, tuple[int, ...]], list[tuple[int, int]]] = {
-    (16, (5,)): [(0, 16), (0, 8), (0, 4), (4, 8), (4, 6), (4, 5), (5, 6), (6, 8), (8, 16)],
-    (16, (2, 11)): [
-        (0, 16), (0, 8), (0, 4), (0, 2), (2, 4), (2, 3), (3, 4), (4, 8),
-        (8, 16), (8, 12), (8, 10), (10, 12), (10, 11), (11, 12), (12, 16),
-    ],
+    (16, (5,)): [(0, 16), (0, 8), (8, 16), (0, 4), (4, 8), (4, 6), (6, 8), (4, 5), (5, 6)],
+    (16, (2, 11)): [(0, 16), (0, 8), (8, 16), (0, 4), (4, 8), (8, 12), (12, 16)],
+    (16, tuple(range(16))): [(0, 16), (0, 8), (8, 16), (0, 4), (4, 8), (8, 12), (12, 16)],
     (7, (6,)): [(0, 7), (0, 3), (3, 7), (3, 5), (5, 7), (5, 6), (6, 7)],
 }
+FAILED_WITH: dict[tuple[int, tuple[int, ...]], dict[int, int]] = {
+    (16, (5,)): {5: 1},
+    (16, (2, 11)): {i: 4 for i in (0, 1, 2, 3, 8, 9, 10, 11)},
+    (16, tuple(range(16))): {i: 4 for i in range(16)},
+    (7, (6,)): {6: 1},
+}
+"""The requests that fail, with the rows of the run whose error they get."""
 
 
 @pytest.mark.parametrize(
     ("n", "marked", "sizes"),
     [
-        (16, (5,), [16, 8, 4, 4, 2, 1, 1, 2, 8]),
-        (16, (2, 11), [16, 8, 4, 2, 2, 1, 1, 4, 8, 4, 2, 2, 1, 1, 4]),
+        (16, (5,), [16, 8, 8, 4, 4, 2, 2, 1, 1]),
+        (16, (2, 11), [16, 8, 8, 4, 4, 4, 4]),
+        (16, tuple(range(16)), [16, 8, 8, 4, 4, 4, 4]),
         (7, (6,), [7, 3, 4, 2, 2, 1, 1]),
     ],
-    ids=["16-one-marked", "16-two-marked", "7-odd-halves"],
+    ids=["16-one-marked", "16-two-marked-capped", "16-all-marked-capped", "7-odd-halves"],
 )
-def test_bisection_fails_exactly_the_marked_requests(
+def test_bisection_fails_the_marked_requests_within_its_budget(
     n: int, marked: tuple[int, ...], sizes: list[int], model: FakeModel, executor: ThreadPoolExecutor,
     observer: RecordingObserver,
 ) -> None:
@@ -300,12 +309,14 @@ def test_bisection_fails_exactly_the_marked_requests(
         )
         assert [c.rows for c in model.calls] == sizes
         assert model.batches() == [values[lo:hi] for lo, hi in ranges]
+        failing = FAILED_WITH[(n, marked)]
         for i, (r, result) in enumerate(zip(inputs, results, strict=True)):
-            if i in marked:
+            if i in failing:
                 assert isinstance(result, Poisoned), (i, result)
-                assert str(result) == "batch of 1 rows"  # the error of its run alone
+                assert str(result) == f"batch of {failing[i]} rows"  # alone: its own error
             else:
                 assert_answer(r, result)
+        assert sum(sizes[1:]) <= RETRY_ROWS * n
 
         # The next batch is unaffected.
         calls = len(model.calls)
@@ -319,7 +330,7 @@ def test_bisection_fails_exactly_the_marked_requests(
     assert observer.started == [*sizes, n]
     failed_runs = [any(lo <= m < hi for m in marked) for lo, hi in ranges] + [False]
     assert [s is None for s in observer.finished] == failed_runs
-    assert len(observer.request_queue_seconds) == n - len(marked) + 1
+    assert len(observer.request_queue_seconds) == n - len(FAILED_WITH[(n, marked)]) + 1
     assert observer.dropped == []
 
 
