@@ -71,8 +71,9 @@ test: $(STAMP) $(OFFICIAL_STAMP) $(TRITON_STAMP) $(PERF_STAMP) prometheus
 bench: $(STAMP) $(PERF_STAMP)
 	PERF_ANALYZER=$(abspath $(PERF))/perf_analyzer $(PY) -m bench.suite $(BENCH_ARGS)
 
-# This build against another revision, served side by side and measured in turns (bench/versus.py),
-# e.g. make versus REV=main VERSUS_ARGS="--model cnn --concurrency 1,16 --server-flags '--replicas 2'"
+# This build against another revision, or against itself with other flags, served side by side and
+# measured in turns (bench/versus.py), e.g. make versus REV=main VERSUS_ARGS="--model cnn
+# --concurrency 1,16 --server-flags '--replicas 2'", or REV= VERSUS_ARGS="--other-flags '...'"
 REV ?= main
 versus: $(STAMP)
 	$(PY) -m bench.versus $(REV) $(VERSUS_ARGS)

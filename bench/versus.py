@@ -1,15 +1,18 @@
-"""This build against another revision of it, on one model: the closed-loop bench client against
-each server in turns, in one run, so a change's cost is measured against the build without it
-seconds apart, not in runs minutes or days apart on a machine whose speed drifts.
+"""Two servers side by side, on one model: this build against another revision of it, or this
+build with other flags. The closed-loop bench client measures each in turns, in one run, so a
+change's cost is measured against the build (or setting) without it seconds apart, not in runs
+minutes or days apart on a machine whose speed drifts.
 
-The other revision is checked out once into build/versus/REV (a git worktree) and its server is
-started from there with the same Python environment; both serve the same bench model with the
-same flags. Each turn measures A then B, or B then A (alternating, so neither always goes first),
-`--repeat` times at each concurrency; the table gives each side's median p50, p99 and req/s over
-its repeats and the ratio of the medians.
+Another revision is checked out once into build/versus/REV (a git worktree) and its server is
+started from there with the same Python environment. Both serve the same bench model, with
+`--server-flags`, the other side with `--other-flags` instead where given. Each turn measures A
+then B, or B then A (alternating, so neither always goes first), `--repeat` times at each
+concurrency; the table gives each side's median p50, p99 and req/s over its repeats and the ratio
+of the medians.
 
-usage: python -m bench.versus REV [--model mlp] [--concurrency 1] [--server-flags FLAGS]
-       [--repeat 7] [--seconds 3] [--warmup-s 1] [--out DIR]
+usage: python -m bench.versus [REV] [--model mlp] [--concurrency 1] [--server-flags FLAGS]
+       [--other-flags FLAGS] [--repeat 7] [--seconds 3] [--warmup-s 1] [--out DIR]
+       (no REV: this build on both sides, so --other-flags is what differs)
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def start(tree: Path, base: Path, flags: list[str], log: Path) -> ServerProcess:
     return wait_for_server(spawn_server(args, log, tree=tree), log, timeout=240)
 
 
-def rows(level: int, runs: dict[str, list[Run]], rev: str) -> list[str]:
+def rows(level: int, runs: dict[str, list[Run]]) -> list[str]:
     """The table's rows at one concurrency: each side's medians over its repeats, then the ratio."""
     found, p50 = [], {}
     for label, repeats in runs.items():
@@ -57,34 +60,40 @@ def rows(level: int, runs: dict[str, list[Run]], rev: str) -> list[str]:
         rate = statistics.median(r.req_per_s for r in repeats)
         each = ", ".join(f"{r.p50_ms:.3f}" for r in repeats)
         found.append(f"| {level} | {label} | {p50[label]:.3f} | {p99:.3f} | {rate:,.0f} | p50s {each} |")
-    this, that = p50.values()
-    return [*found, f"| {level} | this / {rev} | {this / that:.3f} | | | |"]
+    (this, a), (that, b) = p50.items()
+    return [*found, f"| {level} | {this} / {that} | {a / b:.3f} | | | |"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("rev", help="the other revision (a commit, tag or branch of this repository)")
+    parser.add_argument("rev", nargs="?", default="",
+                        help="the other revision (a commit, tag or branch of this repository); none: this build")
     parser.add_argument("--model", default="mlp", choices=sorted(SHAPES))
     parser.add_argument("--concurrency", default="1", help="closed-loop client counts (comma-separated)")
     parser.add_argument("--server-flags", default="", help="flags for both servers")
+    parser.add_argument("--other-flags", default=None, help="flags for the other side instead")
     parser.add_argument("--repeat", type=int, default=7, help="turns per concurrency")
     parser.add_argument("--seconds", type=float, default=3.0, help="measured window per run")
     parser.add_argument("--warmup-s", type=float, default=1.0)
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "versus")
     opts = parser.parse_args(argv)
-    other = checkout(opts.rev, opts.out)
+    if not opts.rev and opts.other_flags is None:
+        parser.error("give a REV, --other-flags, or both: the two sides must differ")
+    other = checkout(opts.rev, opts.out) if opts.rev else ROOT
     base = build_models([opts.model], opts.out / "models")[opts.model]
     flags = shlex.split(opts.server_flags)
-    sides = {"this build": ROOT, opts.rev: other}
+    other_flags = flags if opts.other_flags is None else shlex.split(opts.other_flags)
+    label = " ".join(filter(None, [opts.rev or "this build", opts.other_flags]))
+    sides = {f"this build {opts.server_flags}".strip(): (ROOT, flags), label: (other, other_flags)}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         row = work / "row.npy"
         np.save(row, np.random.default_rng(0).standard_normal(SHAPES[opts.model][1]).astype(np.float32))
-        servers = {label: start(tree, base, flags, work / f"server-{i}.log") for i, (label, tree) in
-                   enumerate(sides.items())}
+        servers = {label: start(tree, base, side_flags, work / f"server-{i}.log")
+                   for i, (label, (tree, side_flags)) in enumerate(sides.items())}
         try:
-            where = ", ".join(f"{label} from {tree}" for label, tree in sides.items())
-            print(f"# {opts.model}, flags '{opts.server_flags}': {where}")
+            where = "; ".join(f"{label}: {tree} {' '.join(side_flags)}" for label, (tree, side_flags) in sides.items())
+            print(f"# {opts.model}: {where}")
             print("| callers | side | p50 ms | p99 ms | req/s | runs |\n|---|---|---|---|---|---|")
             for level in (int(c) for c in opts.concurrency.split(",")):
                 runs: dict[str, list[Run]] = {label: [] for label in sides}
@@ -98,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                         if run.codes != {"OK": run.requests}:
                             raise RuntimeError(f"{label}: failures {run.codes}")
                         runs[label].append(run)
-                print("\n".join(rows(level, runs, opts.rev)), flush=True)
+                print("\n".join(rows(level, runs)), flush=True)
         finally:
             for server in servers.values():
                 server.stop()

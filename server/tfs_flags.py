@@ -125,6 +125,9 @@ FLAGS = {f.name: f for f in (
          "assets.extra/tf_serving_warmup_requests before it serves",
          lambda value: ["--model-warmup" if _switch(value) else "--no-model-warmup"]),
     Flag("num_request_iterations_for_warmup", MAPPED, False, "--warmup-iterations", _to("--warmup-iterations")),
+    Flag("enable_serialization_as_tensor_content", MAPPED, True, "--tensor-content-outputs / "
+         "--no-tensor-content-outputs: Predict answers in tensor_content rather than the typed fields",
+         lambda value: ["--tensor-content-outputs" if _switch(value) else "--no-tensor-content-outputs"]),
     Flag("enable_signature_method_name_check", MAPPED, True, "--signature-method-name-check / "
          "--no-signature-method-name-check: Classify and Regress only on signatures of their method_name",
          lambda value: ["--signature-method-name-check" if _switch(value) else "--no-signature-method-name-check"]),
@@ -151,7 +154,6 @@ FLAGS = {f.name: f for f in (
     Flag("enable_profiler", IGNORED, True, "no profiler service"),
     Flag("skip_initialize_tpu", IGNORED, True, "no TPU support"),
     Flag("enable_grpc_healthcheck_service", IGNORED, True, "grpc.health.v1.Health is always served"),
-    Flag("enable_serialization_as_tensor_content", IGNORED, True, "tensors are always packed in tensor_content"),
     Flag("grpc_socket_path", REFUSED, False, "gRPC over a UNIX socket is not served", refuses=_nonempty),
     Flag("use_alts_credentials", REFUSED, True, "ALTS is not supported; use TLS (--tls-cert-file)", refuses=_switch),
     Flag("platform_config_file", REFUSED, False, "only TensorFlow SavedModels are served, configured by flags",

@@ -23,6 +23,7 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         build_logic,
         build_multi,
         build_slow,
+        build_typed,
     )
 
     root = tmp_path_factory.mktemp("models")
@@ -33,6 +34,7 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     build_logic(root / "logic" / "1")
     build_batch_rows(root / "batch_rows" / "1")
     build_checked(root / "checked" / "1")
+    build_typed(root / "typed" / "1")
     # Several versions: the highest numeric one (3) must be served; junk folders are ignored.
     shutil.copytree(root / "echo" / "1", root / "versioned" / "1")
     shutil.copytree(root / "echo" / "1", root / "versioned" / "3")

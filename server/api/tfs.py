@@ -90,8 +90,11 @@ class PredictionServicer(Admission):
     """
 
     def __init__(self, registry: Registry, max_tensor_bytes: int, examples: ExampleCalls,
-                 logs: RequestLogs | None = None) -> None:
+                 logs: RequestLogs | None = None, *, typed_outputs: bool = True) -> None:
+        """`typed_outputs`: Predict's outputs in each dtype's typed field, as TF Serving answers
+        (False: numbers in tensor_content, its --enable_serialization_as_tensor_content)."""
         super().__init__(Recorder(registry, PROTOCOL))
+        self._typed = typed_outputs
         self._registry = registry
         self._max_tensor_bytes = max_tensor_bytes
         self._examples = examples
@@ -109,7 +112,7 @@ class PredictionServicer(Admission):
         result = await call.infer(infer(servable, spec.signature_name, inputs, request.output_filter, deadline))
         response = predict_pb2.PredictResponse(model_spec=response_spec(result.servable, result.signature))
         for output, array in result.outputs.items():
-            codec.fill_tensor_proto(response.outputs[output], array)
+            codec.fill_tensor_proto(response.outputs[output], array, typed=self._typed)
         context.set_trailing_metadata(request_timing.trailers(call.answered()))
         self._log(result.servable, result.signature, "predict_log", raw, response)
         return response

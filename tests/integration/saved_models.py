@@ -8,6 +8,8 @@ Each is tiny and deterministic, made to expose one property of the server:
 - batch_rows: answers each row with the number of rows of the batch it ran in (padding, splits).
 - convolution: images of any size, XLA-compiled per shape on first use (warmup files).
 - positive_only: asserts its inputs are positive, so it refuses the zeros of the generated warm-up.
+- typed: one output of each dtype a client reads from its own typed field (float32, float16,
+  int64, bool, string), for answers read the way TF Serving's example clients read them.
 - checked: asserts its inputs are positive and gathers from a 3-entry table by an index it is
   sent: TensorFlow's own errors (InvalidArgumentError) on bad rows.
 """
@@ -194,4 +196,16 @@ class Checked(tf.Module):
 
 def build_checked(version_dir: Path) -> None:
     module = Checked()
+    tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.serve})
+
+
+class Typed(tf.Module):
+    @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
+    def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {"scores": x * 2.5, "half": tf.cast(x / 3, tf.float16), "count": tf.cast(tf.round(x * 10), tf.int64),
+                "positive": x > 0, "label": tf.strings.as_string(x[:, 0], precision=2)}
+
+
+def build_typed(version_dir: Path) -> None:
+    module = Typed()
     tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.serve})

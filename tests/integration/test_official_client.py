@@ -79,3 +79,40 @@ def test_official_client_matches_direct_call(server_for, demo_signature, tmp_pat
     assert serving["inputs"] == {"x": [1, [-1, 8]]}  # DT_FLOAT
     assert serving["outputs"] == {"probabilities": [1, [-1, 3]], "class_id": [9, [-1]]}  # DT_INT64
     assert serving["method_name"] == "tensorflow/serving/predict"
+
+
+@pytest.mark.parametrize("tensor_content", [False, True], ids=["typed-default", "tensor-content"])
+def test_answers_read_the_way_tf_servings_example_client_reads_them(server_for, model_dirs: dict[str, Path],
+                                                                    tmp_path: Path, tensor_content: bool) -> None:
+    """mnist_client.py reads `result.outputs["scores"].float_val`: by default every value is there,
+    in the dtype's own field, as TF Serving answers; --tensor-content-outputs (TF Serving's
+    --enable_serialization_as_tensor_content) packs numbers in tensor_content instead."""
+    import tensorflow as tf
+
+    flags = ["--tensor-content-outputs"] if tensor_content else []
+    server = server_for("typed", *flags)
+    x = np.array([[1.25, -2.0], [0.5, 3.0], [-0.75, 0.0]], np.float32)
+    np.save(tmp_path / "x.npy", x)
+    env = {**os.environ, "PYTHONPATH": official_client_path(), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run([sys.executable, str(HERE / "official_typed_client.py"), server.target, "typed",
+                           str(tmp_path / "x.npy")], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    expected = {k: v.numpy() for k, v in tf.saved_model.load(str(model_dirs["typed"] / "1")).signatures[
+        "serving_default"](x=x).items()}
+    fields = {"scores": "float_val", "half": "half_val", "count": "int64_val", "positive": "bool_val",
+              "label": "string_val"}
+    for name, want in expected.items():
+        got = report[name]
+        assert got["shape"] == list(want.shape), (name, got)
+        if tensor_content and want.dtype != object:
+            assert got["fields"] == {} and got["tensor_content_bytes"] == want.nbytes, (name, got)
+            continue
+        assert got["tensor_content_bytes"] == 0 and list(got["fields"]) == [fields[name]], (name, got)
+        values = got["fields"][fields[name]]
+        if name == "half":  # half_val carries float16 bits
+            assert values == want.ravel().view(np.uint16).tolist(), (name, values)
+        elif name == "label":
+            assert values == [v.decode() for v in want.ravel()], (name, values)
+        else:
+            assert values == want.ravel().tolist(), (name, values, want)

@@ -603,3 +603,40 @@ def test_the_tensorflow_free_dtype_table_agrees_with_tensorflows() -> None:
     assert tf_name(np.dtype(">f4")) == "DT_FLOAT"
     with pytest.raises(InvalidInput, match="complex64"):
         tf_name(np.dtype(np.complex64))
+
+
+TYPED_CASES = {**REFERENCE_ARRAYS,
+               "bfloat16": np.array([1.5, -2.0, 3e38], dtype=ml_dtypes.bfloat16),
+               "int16": np.array([-32768, 32767], dtype=np.int16), "int32": np.array([[-(2**31), 5]], dtype=np.int32),
+               "uint8": np.array([0, 255], dtype=np.uint8), "uint32": np.array([0, 2**32 - 1], dtype=np.uint32),
+               "float32-0d": np.array(3.5, dtype=np.float32)}
+TYPED_FIELD = {"float32": "float_val", "float16": "half_val", "bfloat16": "half_val", "float64": "double_val",
+               "int8": "int_val", "int16": "int_val", "int32": "int_val", "uint8": "int_val", "uint16": "int_val",
+               "int64": "int64_val", "uint32": "uint32_val", "uint64": "uint64_val", "bool": "bool_val",
+               "object": "string_val"}
+
+
+@pytest.mark.parametrize("case", list(TYPED_CASES))
+def test_typed_encoding_fills_the_field_tf_servings_clients_read(case: str) -> None:
+    """What TF Serving's AsProtoField writes: no tensor_content, every value in the dtype's field,
+    read back alike by `.float_val` (mnist_client.py's way), make_ndarray and our decoder."""
+    import tensorflow as tf
+
+    a = TYPED_CASES[case]
+    proto = to_tensor_proto(a, typed=True)
+    assert proto.tensor_content == b""
+    field = getattr(proto, TYPED_FIELD[str(a.dtype)])
+    if a.dtype == ml_dtypes.bfloat16 or a.dtype == np.float16:
+        assert list(field) == a.ravel().view(np.uint16).tolist()
+    else:
+        assert list(field) == a.ravel().tolist()
+    assert_same(tf.make_ndarray(proto), a)
+    assert_same(decode(proto), a)
+
+
+def test_typed_floats_keep_exact_bits() -> None:
+    a = np.array([np.nan, -0.0, np.finfo(np.float32).tiny, 1 / 3], dtype=np.float32)
+    proto = to_tensor_proto(a, typed=True)
+    assert np.array(proto.float_val, dtype=np.float32).tobytes() == a.tobytes()
+    big = np.random.default_rng(0).standard_normal((64, 1000))
+    assert np.array(to_tensor_proto(big, typed=True).double_val).tobytes() == big.tobytes()  # a 2-byte length

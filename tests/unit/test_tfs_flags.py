@@ -126,3 +126,9 @@ def test_the_readme_lists_every_flag_in_its_class() -> None:
             if line.startswith(("| mapped |", "| ignored |", "| refused |"))}
     for name, kind, _ in tfs_flags.table():
         assert f"`{name[2:]}`" in rows[kind], (name, kind)
+
+
+def test_tensor_content_serialization_maps_to_tensor_content_outputs() -> None:
+    assert parse().tensor_content_outputs is False  # typed fields, as TF Serving answers by default
+    assert parse("--enable_serialization_as_tensor_content=true").tensor_content_outputs is True
+    assert parse("--enable_serialization_as_tensor_content=false").tensor_content_outputs is False
