@@ -125,6 +125,9 @@ class Settings:
     """Replay each version's warmup file (assets.extra/tf_serving_warmup_requests) before it serves."""
     warmup_iterations: int = 1
     """Times each warmup record is run (TF Serving's num_request_iterations_for_warmup)."""
+    batching: bool = True
+    """Merge concurrent requests into batches (this server's default; TF Serving batches only with
+    --enable_batching). Off: each request runs alone, whole, split over the replicas as one batch."""
     tensor_content_outputs: bool = False
     """Predict answers with numbers packed in tensor_content (TF Serving's
     --enable_serialization_as_tensor_content); by default each dtype's typed field (float_val,
@@ -337,6 +340,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "file) before it serves (default: on; --no-model-warmup skips them)")
     p.add_argument("--warmup-iterations", type=_positive_int, default=1, metavar="N",
                    help="times each warmup record is run (default 1)")
+    p.add_argument("--batching", action=argparse.BooleanOptionalAction, default=True,
+                   help="merge concurrent requests into batches (default: on; TF Serving batches only with "
+                        "--enable_batching); --no-batching: each request runs alone and whole, split over the "
+                        "replicas as one batch (a model's batching_parameters { max_batch_size { value: 0 } } "
+                        "says the same for it)")
     p.add_argument("--tensor-content-outputs", action=argparse.BooleanOptionalAction, default=False,
                    help="Predict answers with numbers in tensor_content (TF Serving's "
                         "--enable_serialization_as_tensor_content); default: in each dtype's typed field "

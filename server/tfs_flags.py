@@ -60,7 +60,7 @@ def _rest_port(value: str) -> list[str]:
 
 
 def _batching(value: str) -> list[str]:
-    return [] if _switch(value) else ["--max-batch-size", "1"]
+    return [] if _switch(value) else ["--no-batching"]
 
 
 GRPC_ARGUMENTS = {
@@ -105,7 +105,7 @@ FLAGS = {f.name: f for f in (
          _to("--model-config-file-poll-wait-seconds")),
     Flag("file_system_poll_wait_seconds", MAPPED, False, "--file-system-poll-wait-seconds",
          _to("--file-system-poll-wait-seconds")),
-    Flag("enable_batching", MAPPED, True, "false: each request runs alone (--max-batch-size 1); true: this "
+    Flag("enable_batching", MAPPED, True, "false: --no-batching, each request runs alone and whole; true: this "
          "server's batching", _batching),
     Flag("batching_parameters_file", MAPPED, False, "--batching-parameters-file (ignored with "
          "--enable_batching=false, as in TF Serving)", _to("--batching-parameters-file")),

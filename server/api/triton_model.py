@@ -63,15 +63,17 @@ def config(registry: Registry, servable: Servable) -> dict[str, Any]:
                 for name, spec in specs.items()]
 
     delay_us = round(predictor_of(servable).batcher.wait_bound_s() * 1e6)
-    return {
+    found = {
         "name": servable.name, "platform": v2_model.PLATFORM, "backend": BACKEND,
         "version_policy": _policy(registry.models[servable.name].source.policy),
         "max_batch_size": batching.max_batch_size,
         "input": [dict(t, format="FORMAT_NONE") for t in tensors(described.inputs)],
         "output": tensors(described.outputs),
-        "dynamic_batching": {"preferred_batch_size": list(batching.allowed_batch_sizes),
-                             "max_queue_delay_microseconds": delay_us, "preserve_ordering": True},
     }
+    if batching.batching:  # without it, as Triton says a model is not dynamically batched
+        found["dynamic_batching"] = {"preferred_batch_size": list(batching.allowed_batch_sizes),
+                                     "max_queue_delay_microseconds": delay_us, "preserve_ordering": True}
+    return found
 
 
 def _duration(duration: Duration) -> dict[str, int]:

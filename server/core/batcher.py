@@ -198,8 +198,11 @@ class Batcher:
         loop_cpu_clock: Callable[[], float] = time.thread_time,
         observer: BatchObserver | None = None,
         name: str = "the model",
+        whole: Callable[[Hashable], bool] = lambda key: False,
     ) -> None:
-        """`name`: what a refusal calls the queue's model (e.g. "model 'ranker' version 3")."""
+        """`name`: what a refusal calls the queue's model (e.g. "model 'ranker' version 3").
+        `whole(key)`: requests of that key are not batched: each runs alone, whole, at once (no
+        batching, or a signature without a batch dimension), and its outputs are its own."""
         if max_batch_rows < 1 or max_queued_rows < 1 or max_inflight < 1 or (timeout_s or 0) < 0:
             raise ValueError("batcher limits must be positive")
         problem = batch_sizes_problem(allowed_batch_sizes, max_batch_rows, max_name="the batch budget")
@@ -207,6 +210,7 @@ class Batcher:
             raise ValueError(problem)
         self._run_batch = run_batch
         self._name = name
+        self._whole = whole
         self._max_batch_rows = max_batch_rows
         self._timeout_s = timeout_s
         self._max_queued_rows = max_queued_rows
@@ -415,7 +419,7 @@ class Batcher:
                 await self._wakeup.wait()
                 continue
             key, first = oldest
-            while True:
+            while not self._whole(key):
                 full = self._full_key()
                 if full is not None:
                     key = full  # a full batch goes at once, even while an older one is filling
@@ -437,14 +441,15 @@ class Batcher:
         """Cut up to max_batch_rows live rows off the front of key's queue."""
         queue = self._queues.get(key)
         slices: list[_Slice] = []
+        whole = self._whole(key)
         budget = self._max_batch_rows
         now = self._clock()
-        while queue and budget > 0:
+        while queue and budget > 0 and not (whole and slices):
             request = queue[0]
             if self._drop_dead(request, now):
                 self._pop_head(queue)
                 continue
-            n = min(request.rows - request.next_row, budget)
+            n = request.rows - request.next_row if whole else min(request.rows - request.next_row, budget)
             request.dispatched = True
             slices.append(_Slice(request, request.next_row, request.next_row + n))
             request.next_row += n
@@ -510,18 +515,21 @@ class Batcher:
         self._observer.batch_started(rows)
         timing: BatchTiming | None = None
         parts = [s.inputs() for s in live]
-        padded = padded_rows(self._allowed_batch_sizes, rows)
+        padded = rows if self._whole(key) else padded_rows(self._allowed_batch_sizes, rows)
         if padded > rows:
             parts.append(padding_rows(parts[0], padded - rows))
         try:
             handed = self._clock()
             ran = await self._run_batch(key, parts)
             outputs = ran.outputs
-            check_rows(outputs, padded, "batch")
-            if padded > rows:
-                outputs = {name: array[:rows] for name, array in outputs.items()}
+            if self._whole(key):  # one request's own outputs, whatever their shapes
+                split = [outputs]
+            else:
+                check_rows(outputs, padded, "batch")
+                if padded > rows:
+                    outputs = {name: array[:rows] for name, array in outputs.items()}
+                split = split_rows(outputs, [s.rows for s in live])
             self._cost.add(padded, ran.seconds)
-            split = split_rows(outputs, [s.rows for s in live])
             now = self._clock()
             input_seconds = max(0.0, ran.input_seconds)
             timing = BatchTiming(input_seconds, ran.seconds, max(0.0, now - handed - input_seconds - ran.seconds))

@@ -147,6 +147,10 @@ class BatchingPolicy:
     """Rows allowed to wait for a batch."""
     allowed_batch_sizes: tuple[int, ...] = ()
     """Sizes a batch is padded up to; empty: no padding."""
+    batching: bool = True
+    """False: no batching, as TF Serving without --enable_batching: each request runs alone and
+    whole, whatever its rows, split over the replicas as one batch (--no-batching, or a model's
+    `max_batch_size { value: 0 }`). The fields above then only bound the queue and the warm-up."""
 
     def __post_init__(self) -> None:
         problem = self.problem()
@@ -173,6 +177,9 @@ class BatchingPolicy:
         return tuple(sorted({min(2**i, top) for i in range(top.bit_length() + 1)} | {top}))
 
     def describe(self) -> str:
+        if not self.batching:
+            return (f"off (each request runs alone) inflight={self.max_inflight_batches} "
+                    f"max_queued_rows={self.max_queued_rows}")
         timeout = "auto" if self.batch_timeout_s is None else f"{self.batch_timeout_s * 1e3:g}ms"
         sizes = ",".join(map(str, self.allowed_batch_sizes)) or "any"
         return (f"max_batch_size={self.max_batch_size} batch_timeout={timeout} "
@@ -187,10 +194,15 @@ def padded_rows(allowed_batch_sizes: tuple[int, ...], rows: int) -> int:
 
 def apply(base: BatchingPolicy, params: session_bundle_config_pb2.BatchingParameters) -> BatchingPolicy:
     """`base` with the fields that TF Serving's BatchingParameters sets; ValueError names a field
-    that cannot be served. `batch_timeout_micros: -1` (our extension) asks for the auto wait."""
+    that cannot be served. Our extensions: `batch_timeout_micros: -1` asks for the auto wait, and
+    `max_batch_size: 0` for no batching (each request runs alone)."""
     if params.pad_variable_length_inputs:
         raise ValueError("pad_variable_length_inputs is not supported: the requests of one batch share "
                          "their non-batch dimensions here")
+    if params.HasField("max_batch_size") and params.max_batch_size.value == 0:
+        if params.allowed_batch_sizes:
+            raise ValueError("max_batch_size 0 (no batching) takes no allowed_batch_sizes")
+        return dataclasses.replace(base, batching=False)
     changes: dict[str, object] = {}
     if params.HasField("max_batch_size") or params.allowed_batch_sizes:
         sizes = tuple(params.allowed_batch_sizes)
@@ -251,6 +263,7 @@ def server_policy(settings: Settings) -> BatchingPolicy:
         max_inflight_batches=settings.max_inflight_batches,
         max_queued_rows=settings.max_queued_rows,
         allowed_batch_sizes=settings.allowed_batch_sizes,
+        batching=settings.batching,
     )
     if settings.batching_parameters_file is None:
         return base

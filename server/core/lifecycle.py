@@ -377,6 +377,7 @@ class Lifecycle:
             allowed_batch_sizes=policy.allowed_batch_sizes,
             observer=metrics.BatcherMetrics(*labels, servable.statistics),
             name=f"model '{servable.name}' version {servable.version}",
+            whole=(lambda key: True) if not policy.batching else (lambda key: False),
         )
         batcher.start()
         metrics.QUEUE_ROWS_LIMIT.labels(*labels).set(policy.max_queued_rows)

@@ -5,6 +5,7 @@ Serving's own series are there under its names."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import urllib.error
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from client import AsyncPredictClient, PredictClient
 from tests.integration.conftest import ServerProcess, start_server
 from tests.integration.test_official_client import run_official
 from tests.integration.test_warmup import write_warmup
@@ -88,3 +90,28 @@ def test_the_monitoring_config_places_the_metrics_and_tf_servings_series_are_the
                    ":tensorflow:serving:batching_session:processed_batch_size_count",
                    ':tensorflow:serving:model_warmup_latency_count{model_path="'):
         assert series in page, series
+
+
+def test_enable_batching_false_runs_each_request_alone_and_whole(server_for) -> None:  # type: ignore[no-untyped-def]
+    """TF Serving's default written out: a 256-row request is one model run (split over the two
+    replicas as one batch), not 256 one-row runs; concurrent requests are not merged."""
+    server = server_for("demo", "--enable_batching=false", "--replicas", "2")
+    before = {name: server.metric(f"mirrorserve_batch_rows_{name}", model="demo") for name in ("count", "sum")}
+    replica_before = [server.metric("mirrorserve_replica_rows_total", model="demo", replica=str(r)) for r in (0, 1)]
+    with PredictClient(server.target) as client:
+        outputs = client.predict("demo", {"x": np.random.default_rng(1).standard_normal((256, 8)).astype(np.float32)})
+    assert outputs["probabilities"].shape == (256, 3)
+    after = {name: server.metric(f"mirrorserve_batch_rows_{name}", model="demo") for name in ("count", "sum")}
+    assert (after["count"] - before["count"], after["sum"] - before["sum"]) == (1, 256)
+    replica = [server.metric("mirrorserve_replica_rows_total", model="demo", replica=str(r)) - b
+               for r, b in zip((0, 1), replica_before, strict=True)]
+    assert replica == [128, 128]
+
+    async def three_at_once() -> None:
+        async with AsyncPredictClient(server.target) as client:
+            await asyncio.gather(*(client.predict("demo", {"x": np.ones((rows, 8), np.float32)}) for rows in (1, 2, 3)))
+
+    asyncio.run(three_at_once())
+    count = server.metric("mirrorserve_batch_rows_count", model="demo")
+    assert count - after["count"] == 3  # one run each: never merged
+    assert "batching: off (each request runs alone)" in server.log()

@@ -500,3 +500,27 @@ def test_failed_batch_reports_no_duration(model: FakeModel, executor: ThreadPool
     asyncio.run(main())
     assert observer.started == [2] and observer.finished == [None]
     assert observer.request_queue_seconds == []
+
+
+def test_whole_requests_run_alone_each_in_one_batch_whatever_its_rows(
+    model: FakeModel, executor: ThreadPoolExecutor
+) -> None:
+    """Batching off (or a signature without a batch dimension): each request is one model run, all
+    of it at once, never merged with another nor split by the row budget, and sent without a wait."""
+
+    async def main() -> None:
+        b = start(model, executor, max_batch_rows=3, timeout_s=10.0, whole=lambda key: key == "alone")
+        big, small, other = request(0, 256), request(1000, 3), request(2000, 2)
+        started = time.monotonic()
+        results = await asyncio.gather(submit(b, big, key="alone"), submit(b, small, key="alone"),
+                                       submit(b, other, key="alone"))
+        assert time.monotonic() - started < 5  # none waited out the 10 s timeout
+        for inputs, outputs in zip((big, small, other), results, strict=True):
+            assert_answer(inputs, outputs)
+        assert [c.rows for c in model.calls] == [256, 3, 2]
+        batched = [request(3000 + 10 * i, 1) for i in range(3)]  # another key still batches: one full batch
+        await asyncio.gather(*(submit(b, r, key="batched") for r in batched))
+        assert [c.rows for c in model.calls][3:] == [3]
+        await b.drain()
+
+    asyncio.run(main())

@@ -70,8 +70,16 @@ def test_max_execution_batch_size_alone_is_the_largest_batch() -> None:
         BatchingPolicy(8, None, 1, 1)
 
 
+def test_max_batch_size_0_turns_batching_off_for_the_model() -> None:
+    base = BatchingPolicy(16, None, 2, 100)
+    off = apply(base, parse_batching_parameters("max_batch_size { value: 0 }", "f"))
+    assert off == BatchingPolicy(16, None, 2, 100, batching=False)
+    assert off.describe() == "off (each request runs alone) inflight=2 max_queued_rows=100"
+
+
 @pytest.mark.parametrize(("text", "message"), [
-    ("max_batch_size { value: 0 }", "max_batch_size must be >= 1, got 0"),
+    ("max_batch_size { value: -1 }", "max_batch_size must be >= 1, got -1"),
+    ("max_batch_size { value: 0 } allowed_batch_sizes: 2", "max_batch_size 0 (no batching) takes no allowed"),
     ("batch_timeout_micros { value: -2 }", "batch_timeout_micros must be >= 0 (or -1 for auto), got -2"),
     ("num_batch_threads { value: 0 }", "batches in flight must be >= 1, got 0"),
     ("max_enqueued_batches { value: 0 }", "max_queued_rows must be >= 1, got 0"),

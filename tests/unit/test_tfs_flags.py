@@ -49,7 +49,9 @@ def test_a_command_line_from_tf_servings_documentation() -> None:
     (["--file_system_poll_wait_seconds=5"], "file_system_poll_wait_seconds", 5.0),
     (["--model_config_file=/c", "--model_config_file_poll_wait_seconds=30"], "model_config_file_poll_wait_seconds",
      30.0),
-    (["--enable_batching=false"], "max_batch_size", 1),
+    (["--enable_batching=false"], "batching", False),
+    (["--enable_batching=false"], "max_batch_size", 64),  # batching off runs each request whole
+    (["--enable_batching=true"], "batching", True),
     (["--enable_batching=false", "--batching_parameters_file=/b"], "batching_parameters_file", None),
     (["--enable_batching", "--batching_parameters_file=/b"], "batching_parameters_file", "/b"),
     (["--enable_batching=true"], "max_batch_size", 64),
