@@ -296,8 +296,7 @@ def _describe(registry: Registry, names: Sequence[str]) -> tuple[str, str, str, 
         versions.append("+".join(str(s.version) for s in available))
         paths.append("+".join(s.path for s in available))
         default = model.default
-        served = [] if default is None or default.predictor is None else sorted(
-            set(default.predictor.model.signatures) - set(default.predictor.model.unservable))
+        served = [] if default is None or default.predictor is None else sorted(default.predictor.model.signatures)
         signatures.append("+".join(served))
     return ",".join(m.source.name for m in models), ",".join(versions), ",".join(signatures), ",".join(paths)
 

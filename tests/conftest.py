@@ -19,6 +19,7 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from tests.integration.saved_models import (
         build_batch_rows,
         build_checked,
+        build_detector,
         build_echo,
         build_logic,
         build_multi,
@@ -35,6 +36,7 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     build_batch_rows(root / "batch_rows" / "1")
     build_checked(root / "checked" / "1")
     build_typed(root / "typed" / "1")
+    build_detector(root / "detector" / "1")
     # Several versions: the highest numeric one (3) must be served; junk folders are ignored.
     shutil.copytree(root / "echo" / "1", root / "versioned" / "1")
     shutil.copytree(root / "echo" / "1", root / "versioned" / "3")

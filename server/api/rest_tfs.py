@@ -163,5 +163,5 @@ def _input_specs(servable: Servable) -> dict[str, Any]:
     if specs is None:
         model = predictor_of(servable).model
         specs = servable.cache["input-specs"] = {name: dict(signature.inputs) for name, signature
-                                                 in model.signatures.items() if name not in model.unservable}
+                                                 in model.signatures.items()}
     return specs

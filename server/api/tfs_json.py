@@ -115,6 +115,10 @@ def encode_outputs(outputs: Mapping[str, np.ndarray], row_format: bool) -> dict[
     if not row_format:
         encoded = {n: json_codec.array_to_json(a, n.endswith(BYTES_SUFFIX)) for n, a in outputs.items()}
         return {"outputs": next(iter(encoded.values())) if len(encoded) == 1 else encoded}
+    scalar = next((n for n, a in outputs.items() if a.ndim == 0), None)
+    if scalar is not None:
+        raise InvalidInput(f"output '{scalar}' is a scalar, which the row format cannot hold; "
+                           'send "inputs" (columnar) instead')
     rows = {n: json_codec.rows_to_json(a, n.endswith(BYTES_SUFFIX)) for n, a in outputs.items()}
     if len(rows) == 1:
         return {"predictions": next(iter(rows.values()))}

@@ -57,20 +57,23 @@ def config(registry: Registry, servable: Servable) -> dict[str, Any]:
     batching = servable.batching
     assert batching is not None, "a served version has its batching"
 
+    batched = described.batched
+    skip = 1 if batched else 0  # Triton's dims leave the batch dimension out, where there is one
+
     def tensors(specs: Any) -> list[dict[str, Any]]:
         return [{"name": name, "data_type": _triton_type(spec.dtype),
-                 "dims": [-1] if spec.shape is None else [-1 if d is None else d for d in spec.shape[1:]]}
+                 "dims": [-1] if spec.shape is None else [-1 if d is None else d for d in spec.shape[skip:]]}
                 for name, spec in specs.items()]
 
     delay_us = round(predictor_of(servable).batcher.wait_bound_s() * 1e6)
     found = {
         "name": servable.name, "platform": v2_model.PLATFORM, "backend": BACKEND,
         "version_policy": _policy(registry.models[servable.name].source.policy),
-        "max_batch_size": batching.max_batch_size,
+        "max_batch_size": batching.max_batch_size if batched else 0,  # 0: Triton's "no batch dimension"
         "input": [dict(t, format="FORMAT_NONE") for t in tensors(described.inputs)],
         "output": tensors(described.outputs),
     }
-    if batching.batching:  # without it, as Triton says a model is not dynamically batched
+    if batching.batching and batched:  # without it, as Triton says a model is not dynamically batched
         found["dynamic_batching"] = {"preferred_batch_size": list(batching.allowed_batch_sizes),
                                      "max_queue_delay_microseconds": delay_us, "preserve_ordering": True}
     return found

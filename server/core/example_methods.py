@@ -73,7 +73,7 @@ class ExampleMethods:
     def _signature(self, servable: Servable, name: str, method: str) -> Signature:
         verb = "classify" if method == CLASSIFY else "regress"
         definition = servable.signature_defs.get(name)
-        signature = predictor_of(servable).signature(name)  # refuses unknown and unservable names
+        signature = predictor_of(servable).signature(name)  # refuses unknown names
         assert definition is not None, f"signature {name} has no SignatureDef"
         what = f"signature '{name}' (method_name '{definition.method_name}') cannot {verb}"
         if self.check_method_name and definition.method_name != method:
@@ -84,7 +84,7 @@ class ExampleMethods:
             raise InvalidInput(f"{what}: a {verb} signature has exactly one input, '{INPUTS}' (serialized "
                                f"tf.Examples); it has {_names(inputs)}")
         spec = signature.inputs[INPUTS]
-        if spec.dtype != object or spec.shape is None or len(spec.shape) != 1:
+        if spec.dtype != object or spec.shape is None or len(spec.shape) != 1 or not signature.batched:
             raise InvalidInput(f"{what}: its input '{INPUTS}' is {spec.describe()}, not a vector of serialized "
                                f"tf.Examples (DT_STRING [-1])")
         outputs = sorted(signature.outputs)

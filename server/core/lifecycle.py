@@ -78,6 +78,11 @@ def _fields(model: str, version: int) -> dict[str, object]:
     return {"model": model, "version": version}
 
 
+def _unbatched(key: Hashable) -> bool:
+    """Whether a request's batch key is an unbatched signature's: it runs alone (Batcher's whole)."""
+    return isinstance(key, BatchKey) and key.whole
+
+
 def check_sources(sources: Sequence[ModelSource]) -> None:
     """What a config can only be checked against on disk: each base path is a folder, and each
     request log's folder (its filename_prefix's) is one this process can write files in."""
@@ -301,7 +306,7 @@ class Lifecycle:
         metrics.MODEL_READY.labels(*labels).set(1)
         metrics.MODEL_LOADS.labels(*labels).inc()
         metrics.MODEL_LOAD_SECONDS.labels(name).observe(time.monotonic() - started)
-        served = sorted(set(info.signatures) - set(info.unservable))
+        served = sorted(info.signatures)
         log.info("available model=%s version=%d signatures=%s seconds=%.2f",
                  name, version, ",".join(served), time.monotonic() - started, extra=fields)
         self._on_change()
@@ -339,8 +344,6 @@ class Lifecycle:
         not land on the first request. A failure here is only logged: the worker's warm-up on the
         same rows has already passed, or was allowed to fail (_warm_up_failure_allowed_by)."""
         for name, signature in info.signatures.items():
-            if name in info.unservable:
-                continue
             batch = signature.example(1)
             results = await asyncio.gather(*(self._worker.run(servable_id, name, [batch]) for _ in range(inflight)),
                                            return_exceptions=True)
@@ -377,7 +380,7 @@ class Lifecycle:
             allowed_batch_sizes=policy.allowed_batch_sizes,
             observer=metrics.BatcherMetrics(*labels, servable.statistics),
             name=f"model '{servable.name}' version {servable.version}",
-            whole=(lambda key: True) if not policy.batching else (lambda key: False),
+            whole=(lambda key: True) if not policy.batching else _unbatched,
         )
         batcher.start()
         metrics.QUEUE_ROWS_LIMIT.labels(*labels).set(policy.max_queued_rows)

@@ -27,9 +27,6 @@ class Predictor:
             raise InvalidInput(
                 f"signature '{name}' not found in model '{self.model.name}'; available: {available}"
             )
-        problem = self.model.unservable.get(name)
-        if problem is not None:
-            raise InvalidInput(f"signature '{name}' cannot be served with row batching: {problem}")
         return signature
 
     async def predict(

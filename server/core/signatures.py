@@ -1,7 +1,10 @@
 """What a signature accepts and returns, and checking a request against it. Pure: no TensorFlow.
 
-Dimension 0 of every input and output is the batch (row) dimension; that is what lets requests
-be merged into one execution and split back apart.
+A signature whose every input and output has an unknown dimension 0 is batched: that dimension is
+the batch (row) dimension, which lets requests be merged into one execution and split back apart.
+Any other signature (an input of [1, -1, -1, 3], as the Object Detection API exports; a scalar; no
+inputs) is served unbatched, as TF Serving serves it without batching: each request is checked
+against the exact shapes, runs alone and whole on one replica, and gets the outputs as they come.
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ DEFAULT_SIGNATURE = "serving_default"
 
 
 class BatchKey(NamedTuple):
-    """Requests share a batch only when signature and every non-batch dimension agree."""
+    """Requests share a batch only when signature and every non-batch dimension agree; those of an
+    unbatched signature never do (`whole`: each runs alone)."""
 
     signature: str
     trailing_shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    whole: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,12 +86,16 @@ class Signature:
 
     def example(self, rows: int) -> dict[str, np.ndarray]:
         """`rows` rows of zeros (empty strings, or the warm-up example) for every input, unknown
-        dimensions 1: what warm-up runs, so tracing and first-use set-up never land on a real request."""
+        dimensions 1: what warm-up runs, so tracing and first-use set-up never land on a real request.
+        For an unbatched signature, one request of its own shapes (`rows` does not apply)."""
         batch = {}
         text = self.warm_up_example or b""
+        batched = self.batched
         for name, spec in self.inputs.items():
-            assert spec.shape is not None
-            shape = (rows, *(1 if d is None else d for d in spec.shape[1:]))
+            if batched and spec.shape is not None:
+                shape = (rows, *(1 if d is None else d for d in spec.shape[1:]))
+            else:
+                shape = (1,) if spec.shape is None else tuple(1 if d is None else d for d in spec.shape)
             if spec.dtype.kind == "O":
                 batch[name] = np.empty(shape, dtype=object)
                 batch[name].fill(text)  # np.full would make it a numpy string first, dropping trailing NULs
@@ -94,8 +103,17 @@ class Signature:
                 batch[name] = np.zeros(shape, spec.dtype)
         return batch
 
+    @property
+    def batched(self) -> bool:
+        """Whether requests to it are merged by rows (batching_problem says why not)."""
+        return self.batching_problem() is None
+
     def admit(self, inputs: Mapping[str, np.ndarray]) -> tuple[int, BatchKey]:
-        """validate() and batch_key() in one; a layout seen before only has its rows checked."""
+        """validate() and batch_key() in one; a layout seen before only has its rows checked. An
+        unbatched signature's request counts as one row."""
+        if not self.batched:
+            self.validate_whole(inputs)
+            return 1, BatchKey(self.name, tuple((n, tuple(inputs[n].shape)) for n in sorted(self.inputs)), True)
         layout = tuple((n, a.dtype, a.ndim, a.shape[1:]) for n, a in inputs.items())
         key = self._layouts.get(layout)
         if key is None:
@@ -119,11 +137,22 @@ class Signature:
                     return f"{kind} '{name}' has shape {spec.describe()}; dimension 0 must be the batch (-1)"
         return None
 
-    def _takes(self) -> str:
-        return ", ".join(f"{n} ({s.describe()})" for n, s in sorted(self.inputs.items()))
+    def validate_whole(self, inputs: Mapping[str, np.ndarray]) -> None:
+        """Check names, dtypes and the whole shape of a request to an unbatched signature: every
+        dimension the signature knows, dimension 0 included, and the rank."""
+        self._check_names(inputs)
+        for name, spec in self.inputs.items():
+            array = inputs[name]
+            self._check_dtype(name, spec, array)
+            if spec.shape is None:
+                continue
+            if len(array.shape) != len(spec.shape) or any(
+                    w is not None and w != g for w, g in zip(spec.shape, array.shape, strict=False)):
+                raise InvalidInput(f"input '{name}' must have shape {spec.describe().split(' ', 1)[1]}, got "
+                                   f"{_shape_text(array.shape)} (signature '{self.name}' is served unbatched: "
+                                   f"its shapes are taken as they are)")
 
-    def validate(self, inputs: Mapping[str, np.ndarray]) -> int:
-        """Check names, dtypes and shapes; return the request's row count."""
+    def _check_names(self, inputs: Mapping[str, np.ndarray]) -> None:
         missing = sorted(set(self.inputs) - set(inputs))
         if missing:
             raise InvalidInput(
@@ -136,15 +165,23 @@ class Signature:
                 f"unexpected input {', '.join(repr(u) for u in unexpected)}; "
                 f"signature '{self.name}' takes: {self._takes()}"
             )
+
+    @staticmethod
+    def _check_dtype(name: str, spec: TensorSpec, array: np.ndarray) -> None:
+        if array.dtype != spec.dtype and not (spec.dtype == object and array.dtype.kind in "OSU"):
+            raise InvalidInput(f"input '{name}' must be {tf_name(spec.dtype)}, got {tf_name(array.dtype)}")
+
+    def _takes(self) -> str:
+        return ", ".join(f"{n} ({s.describe()})" for n, s in sorted(self.inputs.items()))
+
+    def validate(self, inputs: Mapping[str, np.ndarray]) -> int:
+        """Check names, dtypes and shapes of a request to a batched signature; return its row count."""
+        self._check_names(inputs)
         rows: dict[str, int] = {}
         for name, spec in self.inputs.items():
             array = inputs[name]
-            if array.dtype != spec.dtype and not (spec.dtype == object and array.dtype.kind in "OSU"):
-                raise InvalidInput(
-                    f"input '{name}' must be {tf_name(spec.dtype)}, "
-                    f"got {tf_name(array.dtype)}"
-                )
-            assert spec.shape is not None  # guaranteed by batching_problem() at load
+            self._check_dtype(name, spec, array)
+            assert spec.shape is not None  # guaranteed for a batched signature (batching_problem)
             trailing = zip(spec.shape[1:], array.shape[1:], strict=False)
             if len(array.shape) != len(spec.shape) or any(w is not None and w != g for w, g in trailing):
                 raise InvalidInput(
@@ -207,5 +244,6 @@ class ModelInfo:
     name: str
     version: int
     signatures: Mapping[str, Signature]
-    unservable: Mapping[str, str]
-    """Signatures that cannot be batched by rows, with the reason; requests to them are refused."""
+    unbatched: Mapping[str, str]
+    """Signatures that cannot be batched by rows, with the reason: each request to them runs alone,
+    whole, on one replica."""

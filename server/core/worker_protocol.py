@@ -183,7 +183,8 @@ def write_batch(buffer: mmap.mmap, parts: Sequence[Mapping[str, np.ndarray]]) ->
     offset = 0
     for name, first in parts[0].items():
         arrays = [p[name] for p in parts]
-        shape = (sum(a.shape[0] for a in arrays), *first.shape[1:])
+        # One part is one request, whole (an unbatched signature's may be a scalar); parts are rows.
+        shape = first.shape if len(arrays) == 1 else (sum(a.shape[0] for a in arrays), *first.shape[1:])
         if first.dtype == object:
             values = [v for a in arrays for v in _values(a)]
             lengths = np.ndarray((len(values),), np.int64, buffer=buffer, offset=offset)
@@ -194,7 +195,10 @@ def write_batch(buffer: mmap.mmap, parts: Sequence[Mapping[str, np.ndarray]]) ->
             offset = data + _aligned(size)
             continue
         view = np.ndarray(shape, first.dtype, buffer=buffer, offset=offset)
-        np.concatenate(arrays, axis=0, out=view)
+        if len(arrays) == 1:
+            view[...] = first
+        else:
+            np.concatenate(arrays, axis=0, out=view)
         placed[name] = SlotArray(first.dtype if first.dtype.kind == "V" else first.dtype.str, shape, offset)
         offset += _aligned(view.nbytes)
     return placed

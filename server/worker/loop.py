@@ -179,9 +179,9 @@ class _Servables:
         try:
             loaded = saved_model.load(job.path, job.name, job.version, self._strategy)
             info = loaded.info
-            for name, problem in info.unservable.items():
-                log.warning("model '%s' version %d: signature '%s' will not be served: %s",
-                            job.name, job.version, name, problem)
+            for name, problem in info.unbatched.items():
+                log.info("model '%s' version %d: signature '%s' is served unbatched (each request runs alone, "
+                         "whole, on one replica): %s", job.name, job.version, name, problem)
             traces: Counter[str] = Counter()
 
             def counter(name: str) -> Any:
@@ -191,7 +191,6 @@ class _Servables:
                 name: replicas.SignatureRunner(self._strategy, loaded.functions[name], signature,
                                                on_trace=counter(name))
                 for name, signature in info.signatures.items()
-                if name not in info.unservable
             }
             for runner in runners.values():
                 try:

@@ -129,10 +129,12 @@ class SignatureRunner:
     ) -> None:
         self.signature = signature
         self.replicas = int(strategy.num_replicas_in_sync)
+        self.batched = signature.batched
+        """False: each request runs alone and whole on the first replica, its shapes as they are."""
         specs = {
-            name: tf.TensorSpec([None, *spec.shape[1:]], tf.as_dtype(dtype_enum(spec.dtype)), name=name)
+            name: tf.TensorSpec(None if spec.shape is None else [None, *spec.shape[1:]] if self.batched
+                                else list(spec.shape), tf.as_dtype(dtype_enum(spec.dtype)), name=name)
             for name, spec in signature.inputs.items()
-            if spec.shape is not None
         }
         idle = {name: (tf.as_dtype(dtype_enum(spec.dtype)), [0, *(d or 1 for d in (spec.shape or (0,))[1:])])
                 for name, spec in signature.outputs.items()}
@@ -160,7 +162,9 @@ class SignatureRunner:
             @tf.function(input_signature=[[specs] * in_use])
             def run_some(chunks: list[dict[str, tf.Tensor]]) -> Any:
                 on_trace()  # Python side effect: runs only while tracing
-                nothing = {name: tensor[:0] for name, tensor in chunks[0].items()}
+                # Idle replicas get an empty tensor of each input's rank (a scalar stays a scalar).
+                nothing = {name: tf.zeros(tf.zeros_like(tf.shape(tensor)), tensor.dtype)
+                           for name, tensor in chunks[0].items()}
                 distributed = strategy.experimental_distribute_values_from_function(
                     lambda ctx: chunks[ctx.replica_id_in_sync_group] if ctx.replica_id_in_sync_group < in_use
                     else nothing
@@ -177,8 +181,9 @@ class SignatureRunner:
         self._programs = self._trace_all()
 
     def _trace_all(self) -> list[Any]:
-        """One program per count of replicas in use, 1 to all, for the current executor."""
-        return [self._trace(self.executor, in_use) for in_use in range(1, self.replicas + 1)]
+        """One program per count of replicas in use, 1 to all (1 only, unbatched), for the current executor."""
+        counts = range(1, self.replicas + 1) if self.batched else [1]
+        return [self._trace(self.executor, in_use) for in_use in counts]
 
     def __call__(self, batch: Tensors) -> Tensors:
         """Run one batch (blocking); outputs have the batch's rows in the same order."""
@@ -187,6 +192,9 @@ class SignatureRunner:
     def run(self, batch: Tensors) -> tuple[Tensors, tuple[int, ...]]:
         """Run one batch (blocking): its outputs, rows in the same order, and how many of its rows
         each replica ran (what mirrorserve_replica_rows_total counts; 0 for a replica not in use)."""
+        idle = (0,) * (self.replicas - 1)
+        if not self.batched:
+            return self.run_chunks([batch])[0], (1, *idle)  # one request: one "row" on replica 0
         rows = next(iter(batch.values())).shape[0]
         bounds = shard_bounds(rows, self.replicas)
         outputs = self.run_chunks([{name: array[lo:hi] for name, array in batch.items()} for lo, hi in bounds])
@@ -196,8 +204,8 @@ class SignatureRunner:
     def run_chunks(self, chunks: Sequence[Tensors]) -> list[Tensors]:
         """Run one chunk on each of the first len(chunks) replicas, at once (blocking): each
         chunk's outputs, checked to have its rows."""
-        if not 1 <= len(chunks) <= self.replicas:
-            raise ModelFailure(f"a batch cannot run as {len(chunks)} chunks on {self.replicas} replicas")
+        if not 1 <= len(chunks) <= len(self._programs):
+            raise ModelFailure(f"a batch cannot run as {len(chunks)} chunks on {len(self._programs)} replicas")
         try:
             with tf.experimental.function_executor_type(self.executor):
                 results = self._programs[len(chunks) - 1](list(chunks))
@@ -206,7 +214,8 @@ class SignatureRunner:
         outputs = []
         for replica, (chunk, result) in enumerate(zip(chunks, results, strict=True)):
             arrays = {name: tensor.numpy() for name, tensor in result.items()}
-            check_rows(arrays, next(iter(chunk.values())).shape[0], f"replica {replica}")
+            if self.batched:
+                check_rows(arrays, next(iter(chunk.values())).shape[0], f"replica {replica}")
             outputs.append(arrays)
         return outputs
 
@@ -215,7 +224,7 @@ class SignatureRunner:
         so neither tracing nor the kernels' first-use set-up for a new shape lands on a real request;
         and each size below the replica count, so every program (one per count of replicas in use)
         has run. WarmUpFailed if the model refuses them: the loader decides whether that fails the load."""
-        for rows in sorted({*sizes, *range(1, self.replicas)}):
+        for rows in sorted({*sizes, *range(1, self.replicas)}) if self.batched else [1]:
             try:
                 self(self.signature.example(rows))
             except Exception as exc:

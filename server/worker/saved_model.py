@@ -94,6 +94,6 @@ def load(version_dir: str | Path, name: str, version: int, strategy: tf.distribu
         handle = tf.saved_model.load(str(version_dir))
     functions = {k: handle.signatures[k] for k in defs}
     signatures = {k: _with_features(signature_from_def(k, d), functions[k]) for k, d in defs.items()}
-    unservable = {k: p for k, s in signatures.items() if (p := s.batching_problem()) is not None}
-    info = ModelInfo(name=name, version=version, signatures=signatures, unservable=unservable)
+    unbatched = {k: p for k, s in signatures.items() if (p := s.batching_problem()) is not None}
+    info = ModelInfo(name=name, version=version, signatures=signatures, unbatched=unbatched)
     return LoadedModel(info=info, path=version_dir, signature_defs=defs, functions=functions, handle=handle)

@@ -10,6 +10,8 @@ Each is tiny and deterministic, made to expose one property of the server:
 - positive_only: asserts its inputs are positive, so it refuses the zeros of the generated warm-up.
 - typed: one output of each dtype a client reads from its own typed field (float32, float16,
   int64, bool, string), for answers read the way TF Serving's example clients read them.
+- detector: the Object Detection API's input, uint8 [1, -1, -1, 3], and outputs without a batch
+  dimension (a size vector, a scalar); a second signature takes a scalar. Served unbatched.
 - checked: asserts its inputs are positive and gathers from a 3-entry table by an index it is
   sent: TensorFlow's own errors (InvalidArgumentError) on bad rows.
 """
@@ -209,3 +211,20 @@ class Typed(tf.Module):
 def build_typed(version_dir: Path) -> None:
     module = Typed()
     tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.serve})
+
+
+class Detector(tf.Module):
+    @tf.function(input_signature=[tf.TensorSpec([1, None, None, 3], tf.uint8, name="images")])
+    def detect(self, images: tf.Tensor) -> dict[str, tf.Tensor]:
+        pixels = tf.cast(images, tf.float32)
+        return {"mean_color": tf.reduce_mean(pixels, axis=[1, 2]), "size": tf.shape(images)[1:3],
+                "brightest": tf.reduce_max(pixels)}
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.float32, name="factor")])
+    def scale(self, factor: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {"twice": factor * 2.0}
+
+
+def build_detector(version_dir: Path) -> None:
+    module = Detector()
+    tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.detect, "scale": module.scale})
