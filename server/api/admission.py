@@ -26,18 +26,31 @@ REFUSED = "the server is shutting down; retry on another replica"
 @dataclass(slots=True)
 class Call:
     """One call's bookkeeping, filled in by its handler as it learns them: the model name the
-    client asked for and, once resolved, the version (servable) it is counted against; for an
-    inference, where its time went."""
+    client asked for and, once resolved, the version (servable) it is counted against, which it
+    holds until it is answered (Servable.hold: a rollout unloads a version only once no call holds
+    it); for an inference, where its time went."""
 
     method: str
     started: float
     name: str = ""
-    servable: Servable | None = None
+    _servable: Servable | None = None
     timing: RequestTiming | None = None
     """Set by `answered`, once its response is encoded."""
     _handed: float = 0.0
     _inferred: float = 0.0
     _inference: Inference | None = None
+
+    @property
+    def servable(self) -> Servable | None:
+        return self._servable
+
+    @servable.setter
+    def servable(self, servable: Servable | None) -> None:
+        if servable is not None:
+            servable.hold()
+        if self._servable is not None:
+            self._servable.release()
+        self._servable = servable
 
     async def infer(self, work: Awaitable[Inference]) -> Inference:
         """Await the core's `infer(...)`, noting when the decoded request went in and came out."""
@@ -114,6 +127,8 @@ class Admission:
         finally:
             if counted:
                 self.answered += 1
+            if call.servable is not None:
+                call.servable.release()  # answered (or failing now): the version may retire
         seconds = self.recorder.record(call.method, grpc.StatusCode.OK, call.started, call.servable, call.name)
         if counted and call.servable is not None:
             call.servable.statistics.request_succeeded(seconds, call.timing)

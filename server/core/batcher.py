@@ -281,7 +281,8 @@ class Batcher:
         and fails with DeadlineExceeded.
         """
         if self._closed or self._task is None:
-            raise Unavailable("the server is not accepting requests (draining or not started)")
+            raise Unavailable(f"{self._name} is being unloaded (or the server is stopping); retry, and the "
+                              f"request goes to the version serving now")
         self.check_size(rows)
         if self._queued_rows + rows > self._max_queued_rows:
             raise QueueFull(f"queue full: {self._queued_rows} rows waiting for {self._name}, bound "

@@ -18,6 +18,7 @@ import numpy as np
 from server.core.prediction import Predictor
 from server.core.servables import Servable
 from server.core.signatures import DEFAULT_SIGNATURE, Signature
+from server.errors import Unavailable
 
 
 @dataclass(slots=True)  # a value, never changed; slots, not frozen: made per request or batch
@@ -36,9 +37,12 @@ class Inference:
 
 
 def predictor_of(servable: Servable) -> Predictor:
-    """A resolved servable's predictor (resolution only returns servables that have one)."""
+    """A resolved servable's predictor. Resolution only returns servables that have one; a request
+    that held its version past the wait of a retiring one (lifecycle.RETIRE_WAIT_S) finds it gone."""
     predictor = servable.predictor
-    assert predictor is not None, f"{servable.name} version {servable.version} was resolved without a predictor"
+    if predictor is None:
+        raise Unavailable(f"model '{servable.name}' version {servable.version} was unloaded while the request "
+                          f"was being read; retry, and the request goes to the version serving now")
     return predictor
 
 

@@ -54,6 +54,9 @@ RETRY_MAX_S = 60.0
 MAX_ENDED_RECORDS = 16
 """Unloaded versions kept per model for GetModelStatus (END); older ones are forgotten."""
 UNAVAILABLE_CODE = 14
+RETIRE_WAIT_S = 30.0
+"""Longest a retiring version waits for the requests that resolved to it: long enough for any
+request being decoded, short enough that a client trickling its body cannot keep it loaded."""
 
 
 def plan(
@@ -402,8 +405,14 @@ class Lifecycle:
         self._on_change()
 
     async def _release(self, servable: Servable) -> None:
-        """Finish what the version's batcher holds, free it in the worker, and drop what this
-        process kept of it (an unload, or a load whose warm-up failed)."""
+        """Wait for the requests that resolved to the version (out of resolution by now) to be
+        answered, at most RETIRE_WAIT_S (a client still sending its body may hold it longer),
+        finish what its batcher holds, free it in the worker, and drop what this process kept of
+        it (an unload, or a load whose warm-up failed)."""
+        if not await servable.unheld(RETIRE_WAIT_S):
+            log.warning("model=%s version=%d: %d requests still hold it after %gs; unloading it anyway (they "
+                        "are answered UNAVAILABLE)", servable.name, servable.version, servable.holders,
+                        RETIRE_WAIT_S, extra=_fields(servable.name, servable.version))
         if servable.predictor is not None:
             await servable.predictor.batcher.drain()
         with contextlib.suppress(Unavailable):  # the worker is gone; the server is stopping anyway

@@ -8,6 +8,7 @@ domain error that names what was asked and what exists.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import itertools
 from collections.abc import Hashable, Mapping
@@ -57,6 +58,35 @@ class Servable:
     """How its requests are batched (the server's policy with the model's own fields over it)."""
     statistics: VersionStatistics = field(default_factory=VersionStatistics)
     """Its figures since this load (Triton's ModelStatistics)."""
+    holders: int = 0
+    """Requests that resolved to this version and are not answered yet (TF Serving's ServableHandle):
+    a retiring version is unloaded only once none holds it, so a request that resolved to it
+    before a rollout, and then awaited its body's decoding, still finds it there."""
+    _unheld: list[asyncio.Future[None]] = field(default_factory=list, repr=False)
+
+    def hold(self) -> None:
+        self.holders += 1
+
+    def release(self) -> None:
+        self.holders -= 1
+        if not self.holders:
+            for waiter in self._unheld:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._unheld.clear()
+
+    async def unheld(self, timeout_s: float) -> bool:
+        """Wait until no request holds it, at most `timeout_s`; False if some still do then."""
+        if not self.holders:
+            return True
+        waiter = asyncio.get_running_loop().create_future()
+        self._unheld.append(waiter)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await waiter
+        except TimeoutError:
+            return False
+        return True
 
 
 @dataclass(eq=False)

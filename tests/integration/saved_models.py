@@ -12,6 +12,8 @@ Each is tiny and deterministic, made to expose one property of the server:
   int64, bool, string), for answers read the way TF Serving's example clients read them.
 - detector: the Object Detection API's input, uint8 [1, -1, -1, 3], and outputs without a batch
   dimension (a size vector, a scalar); a second signature takes a scalar. Served unbatched.
+- rolling: a version that says its number on every protocol: Predict on 512 features (so REST
+  bodies of 64 rows go to the body decoder's helper process) and Classify of tf.Examples.
 - checked: asserts its inputs are positive and gathers from a 3-entry table by an index it is
   sent: TensorFlow's own errors (InvalidArgumentError) on bad rows.
 """
@@ -228,3 +230,27 @@ class Detector(tf.Module):
 def build_detector(version_dir: Path) -> None:
     module = Detector()
     tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.detect, "scale": module.scale})
+
+
+class Rolling(tf.Module):
+    FEATURES = 512
+
+    def __init__(self, version: int) -> None:
+        super().__init__()
+        self.version = tf.Variable(version, dtype=tf.int64, name="version")
+
+    @tf.function(input_signature=[tf.TensorSpec([None, FEATURES], tf.float32, name="x")])
+    def predict(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {"total": tf.reduce_sum(x, axis=1), "version": tf.fill([tf.shape(x)[0]], self.version)}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+    def classify(self, inputs: tf.Tensor) -> dict[str, tf.Tensor]:
+        parsed = tf.io.parse_example(inputs, {"x": tf.io.FixedLenFeature([1], tf.float32)})
+        return {"scores": tf.concat([parsed["x"], tf.cast(tf.fill([tf.shape(inputs)[0], 1], self.version),
+                                                            tf.float32)], axis=1)}
+
+
+def build_rolling(version_dir: Path, version: int) -> None:
+    module = Rolling(version)
+    tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.predict,
+                                                             "classify": module.classify})

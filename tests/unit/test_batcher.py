@@ -378,7 +378,7 @@ def test_drain_finishes_queued_work_then_refuses(model: FakeModel, executor: Thr
         assert b.queued_rows == 0
         for r, t in zip(reqs, tasks, strict=True):
             assert_answer(r, await t)
-        with pytest.raises(Unavailable, match="draining"):
+        with pytest.raises(Unavailable, match="the model is being unloaded"):
             await submit(b, request(100, 1))
 
     asyncio.run(main())
@@ -406,7 +406,7 @@ def test_drain_waits_for_the_running_batch(model: FakeModel, executor: ThreadPoo
 def test_submit_before_start_is_unavailable(model: FakeModel, executor: ThreadPoolExecutor) -> None:
     async def main() -> None:
         b = Batcher(on_thread(model, executor), max_batch_rows=4, timeout_s=0.0, max_queued_rows=4)
-        with pytest.raises(Unavailable, match="not started"):
+        with pytest.raises(Unavailable, match="the model is being unloaded"):
             await submit(b, request(0, 1))
 
     asyncio.run(main())

@@ -249,3 +249,30 @@ def test_a_worker_that_dies_mid_batch_fails_the_batch_and_later_loads(tmp_path: 
         assert states(registry) == {1: State.AVAILABLE, 2: State.END}
 
     asyncio.run(go())
+
+
+def test_a_retiring_version_waits_for_the_requests_that_hold_it(tmp_path: Path) -> None:
+    """A request resolved version 1, then awaited (its body decoding) while version 2 rolled in:
+    version 1 leaves resolution, but is drained and unloaded only once that request is answered."""
+
+    async def go() -> None:
+        lifecycle, worker, registry, source = setup(tmp_path)
+        base = Path(source.base_path)
+        folder(base, 1)
+        await lifecycle.apply([source])
+        old = registry.resolve("m")
+        old.hold()
+        folder(base, 2)
+        rolling = asyncio.create_task(lifecycle.apply([source]))
+        while states(registry) != {1: State.UNLOADING, 2: State.AVAILABLE}:
+            await asyncio.sleep(0.001)
+        assert registry.resolve("m").version == 2
+        await asyncio.sleep(0.05)
+        result = await infer(old, "", {"x": np.ones((3, 2), np.float32)}, (), None)  # the held request goes on
+        assert result.servable is old and result.outputs["y"].tolist() == [[2.0, 2.0]] * 3
+        assert ("unload", "m", 1) not in worker.calls
+        old.release()
+        await asyncio.wait_for(rolling, 5)
+        assert ("unload", "m", 1) in worker.calls and states(registry) == {1: State.END, 2: State.AVAILABLE}
+
+    asyncio.run(go())
