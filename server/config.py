@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from server import event_loop, tfs_flags
+from server.core.version_folders import local_path
 
 ENV_PREFIX = "MIRRORSERVE_"
 
@@ -443,6 +444,12 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
                                   sizes_name="--allowed-batch-sizes", max_name="--max-batch-size")
     if problem:
         parser.error(problem)
+    for flag, dest in (("--model-base-path", "model_base_path"), ("--model-repository", "model_repository")):
+        if getattr(ns, dest) is not None:
+            try:  # file:// is a local folder; another scheme (gs://, s3://) stops the start, saying why
+                setattr(ns, dest, local_path(getattr(ns, dest), flag))
+            except ValueError as exc:
+                parser.error(str(exc))
     if ns.model_config_file is not None and (ns.model_base_path is not None or ns.model_name is not None):
         parser.error("--model-config-file replaces --model-base-path and --model-name; give one or the other")
     if ns.model_repository is not None and (ns.model_config_file is not None or ns.model_base_path is not None

@@ -18,12 +18,15 @@ from google.protobuf import text_format
 
 from protos.tensorflow_serving import model_server_config_pb2, session_bundle_config_pb2
 from server.core import batching_policy
+from server.core.version_folders import local_path
 
 PLATFORMS = ("", "tensorflow")
 
 
 class ConfigError(ValueError):
     """A model config that cannot be served; the message names where."""
+
+
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,8 @@ class ModelSource:
 
 
 def shorthand(base_path: str, name: str) -> list[ModelSource]:
-    """--model-base-path/--model-name: one model, its highest version."""
+    """--model-base-path/--model-name: one model, its highest version (a local path by now:
+    server.config made it one)."""
     return [ModelSource(name=name, base_path=base_path)]
 
 
@@ -159,7 +163,11 @@ def _source(model: model_server_config_pb2.ModelConfig, at: str) -> ModelSource:
             batching_policy.apply(CHECK_BASE, batching)
         except ValueError as exc:
             raise ConfigError(f"{at}: model '{model.name}' batching_parameters: {exc}") from None
-    return ModelSource(name=model.name, base_path=model.base_path, policy=policy, labels=labels, batching=batching,
+    try:
+        base_path = local_path(model.base_path, f"{at}: model '{model.name}' base_path")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return ModelSource(name=model.name, base_path=base_path, policy=policy, labels=labels, batching=batching,
                        logging=_logging(model, at))
 
 

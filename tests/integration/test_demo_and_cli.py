@@ -8,6 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
+from client import PredictClient
 from tests.integration.conftest import ROOT, start_server
 
 
@@ -56,3 +59,24 @@ def test_bad_model_path_exits_with_message(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "is not a folder" in done.stderr
+
+
+def test_a_file_url_base_path_serves_and_another_scheme_stops_the_start(model_dirs: dict[str, Path],
+                                                                         tmp_path: Path) -> None:
+    """TF Serving reads gs:// and s3:// through TensorFlow's file systems; here a base path is a
+    local folder, file:// included, and any other scheme stops the start (exit 2) saying why."""
+    server = start_server(["--model-base-path", f"file://{model_dirs['echo']}", "--model-name", "echo",
+                           "--drain-delay-s", "0"], tmp_path / "file.log")
+    try:
+        with PredictClient(server.target) as client:
+            assert client.predict("echo", {"x": np.array([[1, 2]], np.int64)})["y"].tolist() == [[1, 2]]
+    finally:
+        assert server.stop() == 0
+    for args in (["--model-base-path", "gs://bucket/models/echo"],
+                 ["--model-config-file", str(tmp_path / "models.config")]):
+        (tmp_path / "models.config").write_text('model_config_list { config { name: "m" base_path: "s3://b/m" } }')
+        done = subprocess.run([sys.executable, "-m", "server", *args, "--port", "0", "--rest-api-port", "-1"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stderr[-2000:]
+        scheme = "gs" if args[0] == "--model-base-path" else "s3"
+        assert f"the {scheme}:// scheme is not served here" in done.stderr and "copy or mount the model" in done.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,35 @@ def test_proto_errors_count_configs_from_one() -> None:
 def test_unreadable_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read model config file"):
         read_config_file(tmp_path / "missing.config")
+
+
+
+@pytest.mark.parametrize(("path", "local"), [
+    ("/models/m", "/models/m"), ("relative/m", "relative/m"), ("file:///models/m", "/models/m"),
+    ("file://localhost/models/m", "/models/m"), ("FILE:///m", "/m"),
+])
+def test_a_file_url_is_a_local_folder(path: str, local: str) -> None:
+    from server.core.version_folders import local_path
+
+    assert local_path(path, "base_path") == local
+
+
+@pytest.mark.parametrize(("path", "message"), [
+    ("gs://bucket/models/m", "base_path gs://bucket/models/m: the gs:// scheme is not served here"),
+    ("s3://bucket/m", "the s3:// scheme is not served here"),
+    ("hdfs://namenode:8020/m", "the hdfs:// scheme is not served here"),
+    ("file://otherhost/m", "a file:// path names a local folder (file:///models/m); 'otherhost' is another host"),
+])
+def test_another_scheme_is_refused_naming_it_and_why(path: str, message: str) -> None:
+    from server.core.version_folders import local_path
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        local_path(path, "base_path")
+
+
+def test_a_config_file_with_a_scheme(tmp_path: Path) -> None:
+    sources = parse_config_text('model_config_list { config { name: "m" base_path: "file:///models/m" } }', "c")
+    assert sources[0].base_path == "/models/m"
+    with pytest.raises(ConfigError, match=re.escape("c:1: model 'g' base_path gs://b/g: the gs:// scheme is not "
+                                                    "served here. Version folders are listed")):
+        parse_config_text('model_config_list { config { name: "g" base_path: "gs://b/g" } }', "c")
