@@ -32,7 +32,7 @@ _FIELDS = {
     "DT_HALF": "half_val", "DT_BFLOAT16": "half_val", "DT_FLOAT": "float_val", "DT_DOUBLE": "double_val",
     "DT_INT8": "int_val", "DT_INT16": "int_val", "DT_INT32": "int_val", "DT_INT64": "int64_val",
     "DT_UINT8": "int_val", "DT_UINT16": "int_val", "DT_UINT32": "uint32_val", "DT_UINT64": "uint64_val",
-    "DT_BOOL": "bool_val", "DT_STRING": "string_val",
+    "DT_BOOL": "bool_val", "DT_STRING": "string_val", "DT_COMPLEX64": "scomplex_val", "DT_COMPLEX128": "dcomplex_val",
 }
 """The typed repeated field of TensorProto that carries each dtype's values."""
 
@@ -122,6 +122,12 @@ def to_ndarray(proto: tensor_pb2.TensorProto, *, name: str, max_bytes: int) -> n
         return np.frombuffer(content, dtype=entry.numpy).reshape(shape)
 
     values = getattr(proto, entry.field)
+    if entry.numpy.kind == "c":  # two values (real, imaginary) an element, as TensorFlow writes them
+        if len(values) % 2:
+            raise InvalidInput(f"{where}: {entry.field} holds {len(values)} values; a complex number takes two "
+                               f"(real, imaginary)")
+        values = np.asarray(values, dtype=np.float32 if entry.numpy.itemsize == 8 else np.float64)
+        values = values.view(entry.numpy)
     n = len(values)
     if n != count and not (n == 1 and count > 1):
         raise InvalidInput(
@@ -235,7 +241,7 @@ def _fill_typed(proto: tensor_pb2.TensorProto, array: np.ndarray) -> None:
 
 
 _PACKED_BYTES = {name: bytes([tensor_pb2.TensorProto.DESCRIPTOR.fields_by_name[name].number << 3 | 2])
-                 for name in ("float_val", "double_val")}
+                 for name in ("float_val", "double_val", "scomplex_val", "dcomplex_val")}
 """The tag (field number, wire type 2: length-delimited) of each fixed-width typed field."""
 
 

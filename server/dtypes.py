@@ -36,6 +36,8 @@ SUPPORTED = (
     DType(22, "DT_UINT32", np.dtype("<u4")),
     DType(23, "DT_UINT64", np.dtype("<u8")),
     DType(10, "DT_BOOL", np.dtype("?")),
+    DType(8, "DT_COMPLEX64", np.dtype("<c8")),
+    DType(18, "DT_COMPLEX128", np.dtype("<c16")),
     DType(7, "DT_STRING", np.dtype(object)),
 )
 DT_STRING = 7

@@ -65,6 +65,8 @@ def array_from_json(value: Any, dtype: np.dtype, where: str, type_name: str) -> 
     """`value` as an array of `dtype`; `where` and `type_name` name the tensor and its type in errors."""
     if dtype.kind == "O":
         return _strings(value, where)
+    if dtype.kind == "c":
+        raise InvalidInput(f"{where} is {type_name}: JSON has no complex numbers (as in TF Serving); use gRPC")
     try:
         wide = np.array(value)
     except (ValueError, OverflowError, TypeError):
@@ -156,6 +158,9 @@ def array_to_json(array: np.ndarray, b64: bool = False) -> Any:
     if array.dtype == object:
         flat = [_bytes_json(v, b64) for v in array.ravel()]
         return _nest(flat, array.shape)
+    if array.dtype.kind == "c":
+        raise InvalidInput(f"a {array.dtype} output cannot be written as JSON, which has no complex numbers (as in "
+                           f"TF Serving); use gRPC")
     if array.dtype in _NARROW_FLOATS:
         array = array.astype(np.float32)
     if array.dtype.kind == "f" and not np.isfinite(array).all():
@@ -166,7 +171,7 @@ def array_to_json(array: np.ndarray, b64: bool = False) -> Any:
 
 def rows_to_json(array: np.ndarray, b64: bool = False) -> list[Any]:
     """One JSON value per row (dimension 0)."""
-    if array.dtype == object:
+    if array.dtype == object or array.dtype.kind == "c":
         rows: list[Any] = array_to_json(array, b64)
         return rows
     if array.dtype not in _NARROW_FLOATS and (

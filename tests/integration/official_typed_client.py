@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-FIELDS = ("float_val", "half_val", "double_val", "int_val", "int64_val", "bool_val", "string_val")
+FIELDS = ("float_val", "half_val", "double_val", "int_val", "int64_val", "bool_val", "string_val", "scomplex_val")
 
 
 def main() -> None:

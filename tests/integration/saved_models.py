@@ -9,7 +9,7 @@ Each is tiny and deterministic, made to expose one property of the server:
 - convolution: images of any size, XLA-compiled per shape on first use (warmup files).
 - positive_only: asserts its inputs are positive, so it refuses the zeros of the generated warm-up.
 - typed: one output of each dtype a client reads from its own typed field (float32, float16,
-  int64, bool, string), for answers read the way TF Serving's example clients read them.
+  int64, bool, string, complex64), for answers read the way TF Serving's example clients read them.
 - detector: the Object Detection API's input, uint8 [1, -1, -1, 3], and outputs without a batch
   dimension (a size vector, a scalar); a second signature takes a scalar. Served unbatched.
 - rolling: a version that says its number on every protocol: Predict on 512 features (so REST
@@ -207,7 +207,8 @@ class Typed(tf.Module):
     @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
     def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
         return {"scores": x * 2.5, "half": tf.cast(x / 3, tf.float16), "count": tf.cast(tf.round(x * 10), tf.int64),
-                "positive": x > 0, "label": tf.strings.as_string(x[:, 0], precision=2)}
+                "positive": x > 0, "label": tf.strings.as_string(x[:, 0], precision=2),
+                "phase": tf.complex(x[:, 0], x[:, 1])}
 
 
 def build_typed(version_dir: Path) -> None:

@@ -101,7 +101,7 @@ def test_answers_read_the_way_tf_servings_example_client_reads_them(server_for, 
     expected = {k: v.numpy() for k, v in tf.saved_model.load(str(model_dirs["typed"] / "1")).signatures[
         "serving_default"](x=x).items()}
     fields = {"scores": "float_val", "half": "half_val", "count": "int64_val", "positive": "bool_val",
-              "label": "string_val"}
+              "label": "string_val", "phase": "scomplex_val"}
     for name, want in expected.items():
         got = report[name]
         assert got["shape"] == list(want.shape), (name, got)
@@ -114,5 +114,7 @@ def test_answers_read_the_way_tf_servings_example_client_reads_them(server_for, 
             assert values == want.ravel().view(np.uint16).tolist(), (name, values)
         elif name == "label":
             assert values == [v.decode() for v in want.ravel()], (name, values)
+        elif name == "phase":  # real, imaginary, real, ...
+            assert values == want.ravel().view(np.float32).tolist(), (name, values)
         else:
             assert values == want.ravel().tolist(), (name, values, want)

@@ -130,8 +130,8 @@ def test_encode_non_contiguous_and_big_endian_input() -> None:
 
 
 def test_encode_unsupported_numpy_dtype() -> None:
-    with pytest.raises(InvalidInput, match=r"complex64.*no TensorFlow Serving encoding"):
-        to_tensor_proto(np.array([1 + 2j], dtype=np.complex64))
+    with pytest.raises(InvalidInput, match=r"complex256.*no TensorFlow Serving encoding"):
+        to_tensor_proto(np.array([1 + 2j], dtype=np.clongdouble))
 
 
 STRING_CASES: dict[str, tuple[np.ndarray, list[bytes]]] = {
@@ -304,8 +304,9 @@ def test_dtype_helpers() -> None:
     assert dtype_enum(np.dtype(object)) == types_pb2.DT_STRING
     assert numpy_dtype(types_pb2.DT_BFLOAT16) == np.dtype(ml_dtypes.bfloat16)
     assert dtype_enum(np.dtype(ml_dtypes.bfloat16)) == types_pb2.DT_BFLOAT16
-    with pytest.raises(InvalidInput, match="unsupported dtype DT_COMPLEX128"):
-        numpy_dtype(types_pb2.DT_COMPLEX128)
+    with pytest.raises(InvalidInput, match="unsupported dtype DT_QINT8"):
+        numpy_dtype(types_pb2.DT_QINT8)
+    assert numpy_dtype(types_pb2.DT_COMPLEX128) == np.complex128
 
 
 def test_bfloat16_travels_raw_and_as_half_val_bits() -> None:
@@ -331,7 +332,7 @@ def refusal(p: tensor_pb2.TensorProto, name: str = "the_input", max_bytes: int =
 
 
 @pytest.mark.parametrize(
-    "dtype", [types_pb2.DT_COMPLEX64, types_pb2.DT_RESOURCE, types_pb2.DT_QINT8, types_pb2.DT_VARIANT]
+    "dtype", [types_pb2.DT_RESOURCE, types_pb2.DT_QINT8, types_pb2.DT_VARIANT, types_pb2.DT_FLOAT8_E4M3FN]
 )
 def test_unsupported_dtype(dtype: int) -> None:
     message = refusal(proto(dtype, [1]))
@@ -601,19 +602,22 @@ def test_the_tensorflow_free_dtype_table_agrees_with_tensorflows() -> None:
         if entry.name != "DT_STRING":
             assert np.dtype(tf.as_dtype(entry.enum).as_numpy_dtype) == entry.numpy, entry
     assert tf_name(np.dtype(">f4")) == "DT_FLOAT"
-    with pytest.raises(InvalidInput, match="complex64"):
-        tf_name(np.dtype(np.complex64))
+    with pytest.raises(InvalidInput, match="complex256"):
+        tf_name(np.dtype(np.clongdouble))
+    assert tf_name(np.dtype(np.complex64)) == "DT_COMPLEX64"
 
 
 TYPED_CASES = {**REFERENCE_ARRAYS,
                "bfloat16": np.array([1.5, -2.0, 3e38], dtype=ml_dtypes.bfloat16),
                "int16": np.array([-32768, 32767], dtype=np.int16), "int32": np.array([[-(2**31), 5]], dtype=np.int32),
                "uint8": np.array([0, 255], dtype=np.uint8), "uint32": np.array([0, 2**32 - 1], dtype=np.uint32),
-               "float32-0d": np.array(3.5, dtype=np.float32)}
+               "float32-0d": np.array(3.5, dtype=np.float32),
+               "complex64": np.array([[1 + 2j, -0.5j], [3, np.inf + 1j]], dtype=np.complex64),
+               "complex128": np.array([1e300 - 1e-300j], dtype=np.complex128)}
 TYPED_FIELD = {"float32": "float_val", "float16": "half_val", "bfloat16": "half_val", "float64": "double_val",
                "int8": "int_val", "int16": "int_val", "int32": "int_val", "uint8": "int_val", "uint16": "int_val",
                "int64": "int64_val", "uint32": "uint32_val", "uint64": "uint64_val", "bool": "bool_val",
-               "object": "string_val"}
+               "object": "string_val", "complex64": "scomplex_val", "complex128": "dcomplex_val"}
 
 
 @pytest.mark.parametrize("case", list(TYPED_CASES))
@@ -628,6 +632,8 @@ def test_typed_encoding_fills_the_field_tf_servings_clients_read(case: str) -> N
     field = getattr(proto, TYPED_FIELD[str(a.dtype)])
     if a.dtype == ml_dtypes.bfloat16 or a.dtype == np.float16:
         assert list(field) == a.ravel().view(np.uint16).tolist()
+    elif a.dtype.kind == "c":  # real, imaginary, real, ...
+        assert list(field) == a.ravel().view(np.float32 if a.dtype == np.complex64 else np.float64).tolist()
     else:
         assert list(field) == a.ravel().tolist()
     assert_same(tf.make_ndarray(proto), a)
@@ -640,3 +646,14 @@ def test_typed_floats_keep_exact_bits() -> None:
     assert np.array(proto.float_val, dtype=np.float32).tobytes() == a.tobytes()
     big = np.random.default_rng(0).standard_normal((64, 1000))
     assert np.array(to_tensor_proto(big, typed=True).double_val).tobytes() == big.tobytes()  # a 2-byte length
+
+
+def test_complex_values_come_in_pairs_and_one_pair_fills_the_shape() -> None:
+    import tensorflow as tf
+
+    filled = tf.make_tensor_proto(1 + 2j, dtype=tf.complex64, shape=[2, 2])
+    assert list(filled.scomplex_val) == [1.0, 2.0]
+    assert_same(decode(filled), np.full((2, 2), 1 + 2j, np.complex64))
+    odd = proto(types_pb2.DT_COMPLEX128, [3])
+    odd.dcomplex_val.extend([1.0, 2.0, 3.0])
+    assert "dcomplex_val holds 3 values; a complex number takes two (real, imaginary)" in refusal(odd)

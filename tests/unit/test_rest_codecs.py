@@ -115,3 +115,13 @@ def test_v2_responses_json_or_binary() -> None:
     body, length = v2_json.encode_infer("m", "1", binary, {"y": y})
     assert length is not None and body[length:] == y.tobytes()
     assert b'"id":"q"' in body[:length] and b'"parameters":{"binary_data_size":8}' in body[:length]
+
+
+
+def test_json_has_no_complex_numbers_either_way() -> None:
+    from server.api.json_codec import array_from_json, array_to_json
+
+    with pytest.raises(InvalidInput, match="a complex64 output cannot be written as JSON"):
+        array_to_json(np.array([1 + 2j], np.complex64))
+    with pytest.raises(InvalidInput, match="input 'z' is DT_COMPLEX64: JSON has no complex numbers"):
+        array_from_json([1.0, 2.0], np.dtype(np.complex64), "input 'z'", "DT_COMPLEX64")
