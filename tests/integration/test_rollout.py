@@ -126,8 +126,9 @@ def test_versions_roll_in_under_load_on_every_protocol_with_zero_failures(built:
     shutil.copytree(built / "1", base / "1")
     server = start_server(["--model-base-path", str(base), "--model-name", "rolling", "--file-system-poll-wait-seconds",
                            "0.2", "--drain-delay-s", "0"], tmp_path / "server.log")
-    running = clients(server)
+    running: list[Protocol] = []
     try:
+        running = clients(server)
         for client in running:
             client.thread.start()
         for version in range(2, VERSIONS + 1):
