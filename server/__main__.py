@@ -3,10 +3,16 @@
 import os
 import sys
 
-# TensorFlow's C++ start-up chatter (CUDA probing, oneDNN notices) hides our own start-up line.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+if __name__ == "__main__":  # spawned processes (the model worker, front-ends) import this module too
+    # TensorFlow's C++ start-up chatter (CUDA probing, oneDNN notices) hides our own start-up line.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from server.config import parse_settings
 
-from server.main import main
+    settings = parse_settings()
+    if settings.frontends > 1:  # before prometheus_client is imported: it picks its storage then
+        from server import metrics_dir
 
-if __name__ == "__main__":  # the model worker, spawned by multiprocessing, must not run main again
-    sys.exit(main())
+        metrics_dir.prepare()
+    from server.main import main
+
+    sys.exit(main(settings=settings))

@@ -45,6 +45,10 @@ class Settings:
     """gRPC port; 0 picks a free one (logged at start)."""
     rest_api_port: int
     """HTTP port of both REST APIs and of /metrics; 0 picks a free one, -1 turns HTTP off."""
+    frontends: int
+    """Front-end processes answering gRPC and REST on the same ports (SO_REUSEPORT); the first also
+    owns the model lifecycle, and all feed the one model worker (--frontends auto: see
+    auto_frontends)."""
     replicas: int | None
     """Replica count; None means the number of GPUs, else 1. On CPU: that many logical CPU devices."""
     max_batch_size: int
@@ -258,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rest-api-port", type=_optional_port, default=8501,
                    help="HTTP port: TF Serving's REST API (/v1), the Open Inference Protocol's (/v2) and "
                         "Prometheus /metrics (default 8501; 0 = any free port; -1 = no HTTP)")
+    p.add_argument("--frontends", type=_frontends, default="auto", metavar="N|auto",
+                   help="front-end processes answering gRPC and REST on the same ports, all feeding the one "
+                        "model worker (auto, the default: " + AUTO_FRONTENDS_HELP + ")")
     p.add_argument("--replicas", type=_positive_int, default=None,
                    help="number of replicas (default: number of GPUs, else 1; on CPU, logical CPU devices)")
     p.add_argument("--max-batch-size", type=_positive_int, default=64,
@@ -400,6 +407,23 @@ def _from_environment(action: argparse.Action, raw: str) -> object:
     return action.type(raw) if callable(action.type) else raw
 
 
+AUTO_FRONTENDS_HELP = "1"
+
+
+def auto_frontends(cores: int | None) -> int:
+    """--frontends auto."""
+    return 1
+
+
+def _frontends(text: str) -> int | str:
+    if text == "auto":
+        return text
+    value = int(text)
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"must be 1 to 64 or auto, got {text}")
+    return value
+
+
 def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
     """Parse flags, filling any flag not given from MIRRORSERVE_* variables."""
     environ = os.environ if environ is None else environ
@@ -459,6 +483,8 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
     if ns.model_control_mode == "explicit" and ns.model_repository is None:
         parser.error("--model-control-mode explicit loads models of --model-repository; give it too")
     ns.load_models = tuple(ns.load_models or ())
+    if ns.frontends == "auto":
+        ns.frontends = auto_frontends(len(os.sched_getaffinity(0)))
     if ns.load_models and ns.model_control_mode != "explicit":
         parser.error("--load-model picks the models explicit mode starts with; give --model-control-mode explicit "
                      "(in mode none every model of the repository is served)")

@@ -9,14 +9,21 @@ gauges of a version are removed when it is unloaded, so none lingers for version
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import TYPE_CHECKING
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 from prometheus_client.core import Metric
 
 if TYPE_CHECKING:  # plain data only: the metrics stay importable from anywhere
     from server.core.batcher import Answer, BatchTiming
     from server.core.statistics import VersionStatistics
+
+MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+"""Several front-end processes (--frontends): each process writes its values to files in that
+folder (server.metrics_dir), and a scrape of any of them reads them all (page_registry). Counters
+and histograms add up over the processes, dead ones included, so counts stay exact when a
+front-end is restarted; each gauge says how its processes' values combine (multiprocess_mode)."""
 
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
@@ -48,7 +55,8 @@ BATCH_SECONDS = Histogram(
     ["model", "version"], buckets=LATENCY_BUCKETS,
 )
 BATCH_ROWS = Histogram(
-    "mirrorserve_batch_rows", "Rows per executed batch (all replicas together).",
+    "mirrorserve_batch_rows", "Requests' rows per model run (all replicas together; with several front-ends, "
+    "their batches that ran as one run count once).",
     ["model", "version"], buckets=ROW_BUCKETS,
 )
 REPLICA_ROWS = Counter(
@@ -56,18 +64,21 @@ REPLICA_ROWS = Counter(
     "Rows executed by each replica (a batch with fewer rows than replicas leaves the rest idle).",
     ["model", "version", "replica"],
 )
-QUEUE_ROWS = Gauge("mirrorserve_queue_rows", "Rows waiting for a batch.", ["model", "version"])
+QUEUE_ROWS = Gauge("mirrorserve_queue_rows", "Rows waiting for a batch (all front-ends together).",
+                   ["model", "version"], multiprocess_mode="livesum")
 QUEUE_ROWS_LIMIT = Gauge(
     "mirrorserve_queue_rows_limit",
-    "The bound on queued rows (--max-queued-rows); queue_rows / this is how full the queue is.",
-    ["model", "version"],
+    "The bound on queued rows (--max-queued-rows, in each front-end: all of theirs together); queue_rows / this is "
+    "how full the queue is.", ["model", "version"], multiprocess_mode="livesum",
 )
-QUEUE_REQUESTS = Gauge("mirrorserve_queue_requests", "Requests with rows waiting for a batch.", ["model", "version"])
-BATCHES_IN_FLIGHT = Gauge("mirrorserve_batches_in_flight", "Batches executing now.", ["model", "version"])
+QUEUE_REQUESTS = Gauge("mirrorserve_queue_requests", "Requests with rows waiting for a batch (all front-ends "
+                       "together).", ["model", "version"], multiprocess_mode="livesum")
+BATCHES_IN_FLIGHT = Gauge("mirrorserve_batches_in_flight", "Batches executing now, or handed to the model worker "
+                          "(all front-ends together).", ["model", "version"], multiprocess_mode="livesum")
 MODEL_READY = Gauge(
     "mirrorserve_model_ready",
     "1 while the version is loaded, warmed up and serving; 0 while it loads, unloads or the server drains.",
-    ["model", "version"],
+    ["model", "version"], multiprocess_mode="livemax",  # set by the primary front-end, which owns the lifecycle
 )
 MODEL_LOADS = Counter(
     "mirrorserve_model_loads_total", "Versions loaded and warmed up successfully.", ["model", "version"],
@@ -155,18 +166,26 @@ TFS_PROCESSED_BATCH_SIZE = Histogram(
 
 class _TfServingRequestCount:
     """`:tensorflow:serving:request_count{model_name,status}`, exactly so named (a Counter would add
-    `_total`): inference requests answered, by gRPC status name."""
+    `_total`): inference requests answered, by gRPC status name. With several front-ends it is a
+    gauge of mode sum underneath (the one kind whose multiprocess files keep a bare name), every
+    process's count added up, dead ones' included."""
+
+    HELP = "TF Serving's name: inference requests answered, by model_name and status."
 
     def __init__(self) -> None:
         self.counts: dict[tuple[str, str], int] = {}
+        self._shared = Gauge(":tensorflow:serving:request_count", self.HELP, ["model_name", "status"],
+                             multiprocess_mode="sum", registry=None) if MULTIPROCESS else None
 
     def inc(self, model_name: str, status: str) -> None:
+        if self._shared is not None:
+            self._shared.labels(model_name, status).inc()
+            return
         key = (model_name, status)
         self.counts[key] = self.counts.get(key, 0) + 1
 
     def collect(self) -> list[Metric]:
-        metric = Metric(":tensorflow:serving:request_count", "TF Serving's name: inference requests answered, by "
-                        "model_name and status.", "unknown")
+        metric = Metric(":tensorflow:serving:request_count", self.HELP, "unknown")
         for (model_name, status), count in sorted(self.counts.items()):
             metric.add_sample(":tensorflow:serving:request_count", {"model_name": model_name, "status": status},
                               count)
@@ -175,6 +194,26 @@ class _TfServingRequestCount:
 
 TFS_REQUEST_COUNT = _TfServingRequestCount()
 REGISTRY.register(TFS_REQUEST_COUNT)
+_PAGE: list[CollectorRegistry] = []
+
+
+def page_registry() -> CollectorRegistry:
+    """What /metrics shows: this process's registry, or with several front-ends every process's
+    values, read from their files (prometheus_client's MultiProcessCollector)."""
+    if not MULTIPROCESS:
+        return REGISTRY
+    if not _PAGE:
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        _PAGE.append(registry)
+    return _PAGE[0]
+
+
+def process_gone(pid: int) -> None:
+    """A front-end process died: its live gauges stop counting (its counters keep their counts)."""
+    if MULTIPROCESS:
+        multiprocess.mark_process_dead(pid)
+
 
 VERSION_GAUGES = (QUEUE_ROWS, QUEUE_ROWS_LIMIT, QUEUE_REQUESTS, BATCHES_IN_FLIGHT, MODEL_READY)
 
@@ -195,8 +234,10 @@ class BatcherMetrics:
         # reports a change several times per request, and each set takes a lock.
         self.queued_rows = 0
         self.queued_requests = 0
-        QUEUE_ROWS.labels(model, version).set_function(lambda: self.queued_rows)
-        QUEUE_REQUESTS.labels(model, version).set_function(lambda: self.queued_requests)
+        self._shared_queue = (QUEUE_ROWS.labels(model, version), QUEUE_REQUESTS.labels(model, version))
+        if not MULTIPROCESS:  # files are read, not functions: with several front-ends, queue_changed sets them
+            self._shared_queue[0].set_function(lambda: self.queued_rows)
+            self._shared_queue[1].set_function(lambda: self.queued_requests)
         self._in_flight = BATCHES_IN_FLIGHT.labels(model, version)
         self._batch_rows = BATCH_ROWS.labels(model, version)
         self._batch_seconds = BATCH_SECONDS.labels(model, version)
@@ -206,15 +247,19 @@ class BatcherMetrics:
         self._dropped = {reason: DROPPED.labels(model, version, reason) for reason in ("deadline", "cancelled")}
 
     def queue_changed(self, rows: int, requests: int) -> None:
+        if MULTIPROCESS and (rows, requests) != (self.queued_rows, self.queued_requests):
+            self._shared_queue[0].set(rows)
+            self._shared_queue[1].set(requests)
         self.queued_rows = rows
         self.queued_requests = requests
 
     def batch_started(self, rows: int) -> None:
         self._in_flight.inc()
-        self._batch_rows.observe(rows)
 
-    def batch_finished(self, rows: int, padded: int, timing: BatchTiming | None) -> None:
+    def batch_finished(self, rows: int, padded: int, timing: BatchTiming | None, counted: int) -> None:
         self._in_flight.dec()
+        if counted:
+            self._batch_rows.observe(counted)
         if timing is not None:
             self._batch_seconds.observe(timing.infer_seconds)
             TFS_PROCESSED_BATCH_SIZE.observe(padded)

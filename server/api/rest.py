@@ -26,6 +26,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from server import metrics
 from server.api import json_codec
 from server.api.admission import Admission, Call, ConcurrencyLimit
 from server.api.recording import Recorder
@@ -190,7 +191,7 @@ class _MalformedRequests(logging.Filter):
 
 
 async def _metrics_page(request: web.Request) -> web.Response:
-    return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return web.Response(body=generate_latest(metrics.page_registry()), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 def build_app(routes: list[web.RouteDef], max_body_bytes: int, limit: ConcurrencyLimit,
@@ -201,7 +202,7 @@ def build_app(routes: list[web.RouteDef], max_body_bytes: int, limit: Concurrenc
     return app
 
 
-def _listening_socket(host: str, port: int) -> socket.socket:
+def _listening_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     """The listening socket: on every interface (host "" or "::"), one socket for IPv6 and IPv4
     both (so port 0 gets one port), or IPv4 alone without IPv6; else on the address given."""
     if host in ("", "::"):
@@ -217,6 +218,8 @@ def _listening_socket(host: str, port: int) -> socket.socket:
                                                       flags=socket.AI_PASSIVE)[0]
         sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind(address)
     sock.listen(1024)
     sock.setblocking(False)
@@ -235,9 +238,10 @@ class RestServer:
                                      lingering_time=LINGER_S)
         logging.getLogger("aiohttp.server").addFilter(_MALFORMED)
 
-    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
-        """Listen on `host`:`port` (0: any free port); the port bound."""
-        sock = _listening_socket(host, port)
+    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None, *, reuse_port: bool = False) -> int:
+        """Listen on `host`:`port` (0: any free port); the port bound. `reuse_port`: other
+        front-end processes listen on the same port (SO_REUSEPORT)."""
+        sock = _listening_socket(host, port, reuse_port)
         await self._runner.setup()
         await web.SockSite(self._runner, sock, ssl_context=ssl_context).start()
         return int(sock.getsockname()[1])

@@ -60,13 +60,19 @@ class Ran:
     input_seconds: float = 0.0
     """From the hand-off to the model starting on it: the copy into the model worker and the
     message there (compute_input's share of the batch; 0 where the runner cannot tell)."""
+    run_rows: int = 0
+    """Rows of the model run it was part of, when the worker merged it with other front-ends'
+    batches (0: it ran alone)."""
+    counted_rows: int | None = None
+    """The requests' rows of that whole run, when this batch is the one to count it
+    (mirrorserve_batch_rows); 0 when another front-end's batch counts it; None: it ran alone."""
 
 
-RunBatch = Callable[[Hashable, list[Tensors]], Awaitable[Ran]]
-"""Runs one batch, given as the requests' parts in row order, somewhere other than the event loop
-(the model worker process; a thread in the unit tests). The parts are not concatenated here: the
-model worker's side writes them straight into shared memory, so a batch's inputs are copied once,
-not twice."""
+RunBatch = Callable[[Hashable, list[Tensors], int], Awaitable[Ran]]
+"""Runs one batch, given as the requests' parts in row order (and their rows, any padding part
+not counted), somewhere other than the event loop (the model worker process; a thread in the
+unit tests). The parts are not concatenated here: the model worker's side writes them straight
+into shared memory, so a batch's inputs are copied once, not twice."""
 
 
 @dataclass(slots=True)
@@ -84,8 +90,10 @@ class BatchObserver(Protocol):
 
     def queue_changed(self, rows: int, requests: int) -> None: ...
     def batch_started(self, rows: int) -> None: ...
-    def batch_finished(self, rows: int, padded: int, timing: BatchTiming | None) -> None:
-        """`rows` of the requests, `padded` the size the model ran; timing is None when it failed."""
+    def batch_finished(self, rows: int, padded: int, timing: BatchTiming | None, counted: int) -> None:
+        """`rows` of the requests, `padded` the size the model ran; timing is None when it failed;
+        `counted`: the requests' rows of the model run it was part of, to count as one run (0:
+        counted by another front-end's batch of the same run)."""
     def request_finished(self, answer: Answer) -> None: ...
     def request_dropped(self, reason: str) -> None:
         """reason: "deadline" or "cancelled"; the request never reached the model."""
@@ -98,7 +106,7 @@ class _NoObserver:
     def batch_started(self, rows: int) -> None:
         pass
 
-    def batch_finished(self, rows: int, padded: int, timing: BatchTiming | None) -> None:
+    def batch_finished(self, rows: int, padded: int, timing: BatchTiming | None, counted: int) -> None:
         pass
 
     def request_finished(self, answer: Answer) -> None:
@@ -515,13 +523,14 @@ class Batcher:
         rows = sum(s.rows for s in live)
         self._observer.batch_started(rows)
         timing: BatchTiming | None = None
+        counted = rows
         parts = [s.inputs() for s in live]
         padded = rows if self._whole(key) else padded_rows(self._allowed_batch_sizes, rows)
         if padded > rows:
             parts.append(padding_rows(parts[0], padded - rows))
         try:
             handed = self._clock()
-            ran = await self._run_batch(key, parts)
+            ran = await self._run_batch(key, parts, rows)
             outputs = ran.outputs
             if self._whole(key):  # one request's own outputs, whatever their shapes
                 split = [outputs]
@@ -530,14 +539,16 @@ class Batcher:
                 if padded > rows:
                     outputs = {name: array[:rows] for name, array in outputs.items()}
                 split = split_rows(outputs, [s.rows for s in live])
-            self._cost.add(padded, ran.seconds)
+            self._cost.add(ran.run_rows or padded, ran.seconds)
+            if ran.counted_rows is not None:
+                counted = ran.counted_rows
             now = self._clock()
             input_seconds = max(0.0, ran.input_seconds)
             timing = BatchTiming(input_seconds, ran.seconds, max(0.0, now - handed - input_seconds - ran.seconds))
         except Exception as exc:
             return exc
         finally:
-            self._observer.batch_finished(rows, padded, timing)
+            self._observer.batch_finished(rows, padded, timing, counted)
         for s, part in zip(live, split, strict=True):
             answer = s.request.deliver(s.start, part, s.rows, timing, now)
             if answer is not None:

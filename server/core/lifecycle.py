@@ -102,21 +102,28 @@ def check_sources(sources: Sequence[ModelSource]) -> None:
                                   f"{source.logging.filename_prefix}) cannot be written by this process")
 
 
-class Worker(Protocol):
+class Runner(Protocol):
+    """What a batcher needs of the model worker: a front-end's link to it."""
+
+    async def run(self, servable: int, signature: str, parts: Sequence[Tensors], rows: int = 1,
+                  counted_rows: int = 1) -> Done:
+        """Run one batch, the parts' rows in order (`rows` with padding, `counted_rows` without)."""
+
+
+class Worker(Runner, Protocol):
     """What the lifecycle needs of the model worker: server.core.model_process.ModelProcess, or a
     fake in the unit tests. Each call raises Unavailable once the worker is gone."""
 
     async def load(self, servable: int, name: str, version: int, path: str,
                    warm_up_sizes: tuple[int, ...], max_inflight: int,
-                   warm_up_failure_allowed_by: str | None = None) -> Loaded:
+                   warm_up_failure_allowed_by: str | None = None, max_batch_rows: int = 0,
+                   allowed_batch_sizes: tuple[int, ...] = ()) -> Loaded:
         """Load and warm up one version under the servable id; LoadError if it fails (its warm-up
-        on generated rows included, unless `warm_up_failure_allowed_by` says what allows that)."""
+        on generated rows included, unless `warm_up_failure_allowed_by` says what allows that).
+        `max_batch_rows` and `allowed_batch_sizes`: how the worker may merge front-ends' batches."""
 
     async def unload(self, servable: int) -> None:
         """Free a servable that will be sent no more batches."""
-
-    async def run(self, servable: int, signature: str, parts: Sequence[Tensors]) -> Done:
-        """Run one batch, the parts' rows in order."""
 
     @property
     def alive(self) -> bool:
@@ -133,13 +140,71 @@ class WarmUp(Protocol):
         """Run them on the loaded version before it serves; LoadError fails its load."""
 
 
+def batcher_for(servable: Servable, policy: BatchingPolicy, worker: Runner, devices: int) -> Batcher:
+    """A version's batcher, started: its batches go to the model worker through `worker` (this
+    front-end's link to it)."""
+    labels = (servable.name, str(servable.version))
+    replica_rows = [metrics.REPLICA_ROWS.labels(*labels, str(i)) for i in range(devices)]
+    servable_id = servable.id
+
+    async def run_batch(key: Hashable, parts: Sequence[Tensors], rows: int) -> Ran:
+        assert isinstance(key, BatchKey)
+        handed = time.monotonic()
+        sent = 1 if key.whole else sum(next(iter(p.values())).shape[0] for p in parts)
+        done = await worker.run(servable_id, key.signature, parts, sent, rows)
+        for counter, ran in zip(replica_rows, done.replica_rows, strict=False):
+            counter.inc(ran)
+        handing = 0.0 if done.started_at is None else done.started_at - handed
+        if not done.run_rows:  # a worker that does not merge
+            return Ran(done.outputs, done.seconds, handing)
+        return Ran(done.outputs, done.seconds, handing, done.run_rows if done.run_rows != sent else 0,
+                   done.counted_rows)
+
+    batcher = Batcher(
+        run_batch,
+        max_batch_rows=policy.max_batch_size,
+        timeout_s=policy.batch_timeout_s,
+        max_queued_rows=policy.max_queued_rows,
+        max_inflight=policy.max_inflight_batches,
+        allowed_batch_sizes=policy.allowed_batch_sizes,
+        observer=metrics.BatcherMetrics(*labels, servable.statistics),
+        name=f"model '{servable.name}' version {servable.version}",
+        whole=(lambda key: True) if not policy.batching else _unbatched,
+    )
+    batcher.start()
+    metrics.QUEUE_ROWS_LIMIT.labels(*labels).set(policy.max_queued_rows)
+    return batcher
+
+
+async def retire(servable: Servable) -> None:
+    """Wait for the requests that resolved to the version (out of resolution by now) to be
+    answered, at most RETIRE_WAIT_S (a client still sending its body may hold it longer), and
+    finish what its batcher holds; then this front-end has nothing of it left in the worker."""
+    if not await servable.unheld(RETIRE_WAIT_S):
+        log.warning("model=%s version=%d: %d requests still hold it after %gs; unloading it anyway (they "
+                    "are answered UNAVAILABLE)", servable.name, servable.version, servable.holders,
+                    RETIRE_WAIT_S, extra=_fields(servable.name, servable.version))
+    if servable.predictor is not None:
+        await servable.predictor.batcher.drain()
+    servable.predictor = None
+    servable.cache.clear()
+
+
+async def _nothing_to_publish() -> None:
+    pass
+
+
 class Lifecycle:
     def __init__(self, settings: Settings, worker: Worker, registry: Registry, devices: int,
                  batching: BatchingPolicy, *, on_change: Callable[[], None] = lambda: None,
-                 may_serve_none: bool = False, warm_up: WarmUp | None = None) -> None:
+                 may_serve_none: bool = False, warm_up: WarmUp | None = None,
+                 publish: Callable[[], Awaitable[None]] = _nothing_to_publish) -> None:
         """`may_serve_none`: ready with no model configured (a repository in explicit mode).
         `warm_up`: run on each loaded version before it turns AVAILABLE, its requests through the
-        version's own batcher (server.api.warmup: its warmup file); a LoadError fails the load."""
+        version's own batcher (server.api.warmup: its warmup file); a LoadError fails the load.
+        `publish`: tell the other front-end processes the models as they are now, and return once
+        each routes by it (server.frontends.fleet); awaited after every change that routing sees."""
+        self._publish = publish
         self._settings = settings
         self._warm_up = warm_up
         self._batching = batching
@@ -173,6 +238,7 @@ class Lifecycle:
                     model.source = source
             self.configured = [s.name for s in sources]
             await self._reconcile()
+            await self._publish()
         problems = []
         for name in added:
             model = models.get(name)
@@ -287,7 +353,9 @@ class Lifecycle:
                  extra=fields)
         try:
             loaded = await self._worker.load(servable.id, name, version, path, policy.warm_up_sizes(),
-                                             policy.max_inflight_batches, self._warm_up_failure_allowed_by(path))
+                                             policy.max_inflight_batches, self._warm_up_failure_allowed_by(path),
+                                             policy.max_batch_size if policy.batching else 0,
+                                             tuple(policy.allowed_batch_sizes))
         except (LoadError, Unavailable) as exc:
             self._load_failed(servable, exc)
             return
@@ -313,6 +381,7 @@ class Lifecycle:
         log.info("available model=%s version=%d signatures=%s seconds=%.2f",
                  name, version, ",".join(served), time.monotonic() - started, extra=fields)
         self._on_change()
+        await self._publish()
 
     def _load_failed(self, servable: Servable, exc: LoadError | Unavailable) -> None:
         """A load (or its warm-up) failed: END with the error, retried later while aspired."""
@@ -361,33 +430,7 @@ class Lifecycle:
         return batching_policy.apply(self._batching, model.source.batching)
 
     def _batcher_for(self, servable: Servable, policy: BatchingPolicy) -> Batcher:
-        labels = (servable.name, str(servable.version))
-        replica_rows = [metrics.REPLICA_ROWS.labels(*labels, str(i)) for i in range(self._devices)]
-        worker, servable_id = self._worker, servable.id
-
-        async def run_batch(key: Hashable, parts: Sequence[Tensors]) -> Ran:
-            assert isinstance(key, BatchKey)
-            handed = time.monotonic()
-            done = await worker.run(servable_id, key.signature, parts)
-            for counter, rows in zip(replica_rows, done.replica_rows, strict=False):
-                counter.inc(rows)
-            handing = 0.0 if done.started_at is None else done.started_at - handed
-            return Ran(done.outputs, done.seconds, handing)
-
-        batcher = Batcher(
-            run_batch,
-            max_batch_rows=policy.max_batch_size,
-            timeout_s=policy.batch_timeout_s,
-            max_queued_rows=policy.max_queued_rows,
-            max_inflight=policy.max_inflight_batches,
-            allowed_batch_sizes=policy.allowed_batch_sizes,
-            observer=metrics.BatcherMetrics(*labels, servable.statistics),
-            name=f"model '{servable.name}' version {servable.version}",
-            whole=(lambda key: True) if not policy.batching else _unbatched,
-        )
-        batcher.start()
-        metrics.QUEUE_ROWS_LIMIT.labels(*labels).set(policy.max_queued_rows)
-        return batcher
+        return batcher_for(servable, policy, self._worker, self._devices)
 
     async def _unload(self, model: Model, servable: Servable) -> None:
         labels = (servable.name, str(servable.version))
@@ -397,6 +440,7 @@ class Lifecycle:
         self._on_change()
         fields = _fields(servable.name, servable.version)
         log.info("unloading model=%s version=%s: finishing its queued requests", *labels, extra=fields)
+        await self._publish()  # every front-end has stopped routing to it and drained its requests
         await self._release(servable)
         servable.state = State.END
         metrics.forget_version(*labels)
@@ -405,21 +449,12 @@ class Lifecycle:
         self._on_change()
 
     async def _release(self, servable: Servable) -> None:
-        """Wait for the requests that resolved to the version (out of resolution by now) to be
-        answered, at most RETIRE_WAIT_S (a client still sending its body may hold it longer),
-        finish what its batcher holds, free it in the worker, and drop what this process kept of
-        it (an unload, or a load whose warm-up failed)."""
-        if not await servable.unheld(RETIRE_WAIT_S):
-            log.warning("model=%s version=%d: %d requests still hold it after %gs; unloading it anyway (they "
-                        "are answered UNAVAILABLE)", servable.name, servable.version, servable.holders,
-                        RETIRE_WAIT_S, extra=_fields(servable.name, servable.version))
-        if servable.predictor is not None:
-            await servable.predictor.batcher.drain()
+        """Retire the version here (retire), free it in the worker, and drop what this process
+        kept of it (an unload, or a load whose warm-up failed)."""
+        await retire(servable)
         with contextlib.suppress(Unavailable):  # the worker is gone; the server is stopping anyway
             await self._worker.unload(servable.id)
-        servable.predictor = None
         servable.signature_defs = {}
-        servable.cache.clear()
         self._by_id.pop(servable.id, None)
 
     def _forget_old(self, model: Model) -> None:

@@ -8,6 +8,11 @@ batch in flight, so the server never overwrites inputs the worker may still be r
 reach the worker as file descriptors over a second socket of their own, so the channel carries
 nothing but pickled messages. The worker is taken for gone only when the channel ends: EOF, a
 reset or a broken pipe.
+
+With several front-end processes (--frontends), each has a WorkerLink of its own, to the same
+worker: its own channel and its own slots. The primary's link is the ModelProcess, which also
+spawns the worker, loads and unloads, and attaches the others (attach: a new pair of sockets,
+whose worker ends it hands over on the slot socket).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from server.config import Settings
 from server.core.assembly import Tensors
 from server.core.worker_channel import WorkerChannel
 from server.core.worker_protocol import (
+    AttachFrontEnd,
     Done,
     Failed,
     Load,
@@ -77,76 +83,35 @@ class LoadError(Exception):
         self.message = message
 
 
-class ModelProcess:
+class WorkerLink:
+    """One front-end's channel to the model worker: its batches, its shared-memory slots, and their
+    answers."""
+
     def __init__(
         self,
-        settings: Settings,
         *,
         on_traces: Callable[[int, dict[str, int]], None] = lambda servable, traces: None,
         on_lost: Callable[[str], None] = lambda why: None,
     ) -> None:
-        self._settings = settings
         self._on_traces = on_traces
         self._on_lost = on_lost
         self._channel: WorkerChannel | None = None
         self._handles: Connection | None = None
         """Where slots' file descriptors go (blocking: a few bytes each, read at once by the worker)."""
-        self._first: asyncio.Future[object] | None = None
-        self._process: Any = None
+        self._worker_pid = 0
         self._maps: dict[int, mmap.mmap] = {}
         self._free: list[int] = []
         self._slots = 0
         """Slots handed out so far; a slot is in use from run() until its answer arrives."""
         self._pending: dict[int, tuple[asyncio.Future[Done], int, int]] = {}
-        self._loads: dict[int, asyncio.Future[Loaded]] = {}
-        self._unloads: dict[int, asyncio.Future[None]] = {}
         self._seq = itertools.count()
         self._lost: str | None = None
 
-    async def start(self) -> Started:
-        """Spawn the worker and wait until its devices and threads are set up."""
-        context = multiprocessing.get_context("spawn")  # never fork a process that runs gRPC threads
-        ours, theirs = socket.socketpair()
-        handles, their_handles = socket.socketpair()
-        child = Connection(theirs.detach())
-        child_handles = Connection(their_handles.detach())
-        self._handles = Connection(handles.detach())
-        self._process = context.Process(target=_worker_main, args=(child, child_handles, self._settings),
-                                        name="mirrorserve-model", daemon=True)
-        loop = asyncio.get_running_loop()
-        self._first = loop.create_future()
-        self._channel = await WorkerChannel.open(ours, self._on_message, self._on_channel_lost)
-        self._process.start()
-        child.close()
-        child_handles.close()
-        try:
-            first = await self._first
-        except _StartLost:
-            await loop.run_in_executor(None, self._process.join, 5)
-            raise RuntimeError(f"the model worker exited while loading (exit code {self._process.exitcode})") from None
-        if isinstance(first, StartFailed):
-            raise CLEAN_EXIT.get(first.kind, RuntimeError)(first.message)
-        assert isinstance(first, Started), f"unexpected first message {first!r}"
-        return first
-
-    async def load(self, servable: int, name: str, version: int, path: str,
-                   warm_up_sizes: tuple[int, ...], max_inflight: int,
-                   warm_up_failure_allowed_by: str | None = None) -> Loaded:
-        """Load and warm up one version in the worker under a fresh servable id; LoadError if it
-        fails (Load.warm_up_failure_allowed_by says when a failed warm-up does not)."""
-        self._check_alive()
-        future: asyncio.Future[Loaded] = asyncio.get_running_loop().create_future()
-        self._loads[servable] = future
-        self._send(Load(servable, name, version, path, warm_up_sizes, max_inflight, warm_up_failure_allowed_by))
-        return await future
-
-    async def unload(self, servable: int) -> None:
-        """Free a servable the server will send no more batches for."""
-        self._check_alive()
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._unloads[servable] = future
-        self._send(Unload(servable))
-        await future
+    async def connect(self, channel: socket.socket, handles: Connection, worker_pid: int) -> None:
+        """Use the sockets ModelProcess.attach made for this front-end."""
+        self._handles = handles
+        self._worker_pid = worker_pid
+        self._channel = await WorkerChannel.open(channel, self._on_message, self._on_channel_lost)
 
     @property
     def alive(self) -> bool:
@@ -160,9 +125,11 @@ class ModelProcess:
         assert self._channel is not None
         self._channel.send(message)
 
-    async def run(self, servable: int, signature: str, parts: Sequence[Tensors]) -> Done:
+    async def run(self, servable: int, signature: str, parts: Sequence[Tensors], rows: int = 1,
+                  counted_rows: int = 1) -> Done:
         """Run one batch, the parts' rows in order, in the worker: its outputs, the seconds the
-        model spent and the rows each replica ran."""
+        model spent and the rows each replica ran. `rows`: the parts' rows (padding included),
+        `counted_rows` without padding."""
         self._check_alive()
         if self._free:
             slot = self._free.pop()
@@ -183,7 +150,7 @@ class ModelProcess:
         seq = next(self._seq)
         future: asyncio.Future[Done] = asyncio.get_running_loop().create_future()
         self._pending[seq] = (future, slot, servable)
-        self._send(Run(seq, servable, signature, slot, placed))
+        self._send(Run(seq, servable, signature, slot, placed, rows, counted_rows))
         return await future
 
     def _grow(self, slot: int, need: int) -> None:
@@ -194,7 +161,7 @@ class ModelProcess:
             os.ftruncate(fd, size)
             buffer = mmap.mmap(fd, size)
             try:
-                reduction.send_handle(self._handles, fd, self._process.pid)
+                reduction.send_handle(self._handles, fd, self._worker_pid)
             except OSError as exc:
                 buffer.close()
                 self._lose(f"its slot socket failed: {type(exc).__name__}")
@@ -206,6 +173,155 @@ class ModelProcess:
         self._maps[slot] = buffer
         if old is not None:
             old.close()
+
+    def _on_message(self, message: object) -> None:
+        self._answer(message)
+
+    def _on_channel_lost(self, why: str) -> None:
+        self._lose(why)
+
+    def _answer(self, message: object) -> None:
+        if not isinstance(message, Done | Failed):
+            log.error("unexpected message from the model worker: %r", type(message).__name__)
+            return
+        future, slot, servable = self._pending.pop(message.seq)
+        self._reuse(slot)
+        if isinstance(message, Failed):
+            if not future.done():
+                future.set_exception(ModelFailure(message.message) if message.code is None
+                                     else ModelError(message.message, message.code))
+            return
+        self._on_traces(servable, message.traces)
+        if not future.done():
+            future.set_result(message)
+
+    def _reuse(self, slot: int) -> None:
+        """The worker is done with the slot. A large one also gives its memory back: its pages are
+        removed from the memfd (for both processes' mappings) and fault in again when next used,
+        so one 64 MiB batch does not leave 64 MiB resident in each process for good."""
+        buffer = self._maps.get(slot)
+        if buffer is not None and len(buffer) > KEEP_RESIDENT_BYTES:
+            with contextlib.suppress(OSError, AttributeError):
+                buffer.madvise(mmap.MADV_REMOVE)
+        self._free.append(slot)
+
+    def _lose(self, why: str) -> None:
+        """The worker died: fail every batch waiting on it, and tell the server once."""
+        if self._lost is not None:
+            return
+        self._lost = why
+        self._close_channel()
+        log.error("the model worker process is gone (%s)", why)
+        gone = Unavailable(f"the model worker is gone ({why}); retry on another replica")
+        for future in self._waiting():
+            if not future.done():
+                future.set_exception(gone)
+        self._pending.clear()
+        self._on_lost(why)
+
+    def _waiting(self) -> list[asyncio.Future[Any]]:
+        return [f for f, _, _ in self._pending.values()]
+
+    def _close_channel(self) -> None:
+        if self._channel is not None:
+            self._channel.close()  # a no-op once the channel is lost
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Close our end (the worker forgets this front-end, or exits when it is the primary's)."""
+        self._lost = self._lost or "closed"
+        self._close_channel()
+        if self._handles is not None:
+            self._handles.close()
+        for buffer in self._maps.values():
+            buffer.close()
+        self._maps.clear()
+
+
+class ModelProcess(WorkerLink):
+    """The primary front-end's link, which also owns the worker process: spawns it, loads and
+    unloads versions, and attaches the other front-ends."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        on_traces: Callable[[int, dict[str, int]], None] = lambda servable, traces: None,
+        on_lost: Callable[[str], None] = lambda why: None,
+    ) -> None:
+        super().__init__(on_traces=on_traces, on_lost=on_lost)
+        self._settings = settings
+        self._first: asyncio.Future[object] | None = None
+        self._process: Any = None
+        self._loads: dict[int, asyncio.Future[Loaded]] = {}
+        self._unloads: dict[int, asyncio.Future[None]] = {}
+
+    async def start(self) -> Started:
+        """Spawn the worker and wait until its devices and threads are set up."""
+        context = multiprocessing.get_context("spawn")  # never fork a process that runs gRPC threads
+        ours, theirs = socket.socketpair()
+        handles, their_handles = socket.socketpair()
+        child = Connection(theirs.detach())
+        child_handles = Connection(their_handles.detach())
+        self._handles = Connection(handles.detach())
+        self._process = context.Process(target=_worker_main, args=(child, child_handles, self._settings),
+                                        name="mirrorserve-model", daemon=True)
+        loop = asyncio.get_running_loop()
+        self._first = loop.create_future()
+        self._channel = await WorkerChannel.open(ours, self._on_message, self._on_channel_lost)
+        self._process.start()
+        self._worker_pid = self._process.pid
+        child.close()
+        child_handles.close()
+        try:
+            first = await self._first
+        except _StartLost:
+            await loop.run_in_executor(None, self._process.join, 5)
+            raise RuntimeError(f"the model worker exited while loading (exit code {self._process.exitcode})") from None
+        if isinstance(first, StartFailed):
+            raise CLEAN_EXIT.get(first.kind, RuntimeError)(first.message)
+        assert isinstance(first, Started), f"unexpected first message {first!r}"
+        return first
+
+    async def load(self, servable: int, name: str, version: int, path: str,
+                   warm_up_sizes: tuple[int, ...], max_inflight: int,
+                   warm_up_failure_allowed_by: str | None = None, max_batch_rows: int = 0,
+                   allowed_batch_sizes: tuple[int, ...] = ()) -> Loaded:
+        """Load and warm up one version in the worker under a fresh servable id; LoadError if it
+        fails (Load.warm_up_failure_allowed_by says when a failed warm-up does not)."""
+        self._check_alive()
+        future: asyncio.Future[Loaded] = asyncio.get_running_loop().create_future()
+        self._loads[servable] = future
+        self._send(Load(servable, name, version, path, warm_up_sizes, max_inflight, warm_up_failure_allowed_by,
+                        max_batch_rows, allowed_batch_sizes))
+        return await future
+
+    async def unload(self, servable: int) -> None:
+        """Free a servable the server will send no more batches for."""
+        self._check_alive()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._unloads[servable] = future
+        self._send(Unload(servable))
+        await future
+
+    def attach(self) -> tuple[socket.socket, Connection]:
+        """Sockets for another front-end process's WorkerLink (its channel, its slot socket); the
+        worker's ends go to the worker now. Pass them to the front-end process and close them here."""
+        self._check_alive()
+        assert self._handles is not None
+        ours, theirs = socket.socketpair()
+        handles, their_handles = socket.socketpair()
+        self._send(AttachFrontEnd())
+        try:
+            reduction.send_handle(self._handles, theirs.fileno(), self._process.pid)
+            reduction.send_handle(self._handles, their_handles.fileno(), self._process.pid)
+        finally:
+            theirs.close()
+            their_handles.close()
+        return ours, Connection(handles.detach())
+
+    @property
+    def pid(self) -> int:
+        return int(self._process.pid)
 
     def _on_message(self, message: object) -> None:
         first = self._first
@@ -240,63 +356,19 @@ class ModelProcess:
             if not unloading.done():
                 unloading.set_result(None)
             return
-        if not isinstance(message, Done | Failed):
-            log.error("unexpected message from the model worker: %r", type(message).__name__)
-            return
-        future, slot, servable = self._pending.pop(message.seq)
-        self._release(slot)
-        if isinstance(message, Failed):
-            if not future.done():
-                future.set_exception(ModelFailure(message.message) if message.code is None
-                                     else ModelError(message.message, message.code))
-            return
-        self._on_traces(servable, message.traces)
-        if not future.done():
-            future.set_result(message)
+        super()._answer(message)
 
-    def _release(self, slot: int) -> None:
-        """The worker is done with the slot. A large one also gives its memory back: its pages are
-        removed from the memfd (for both processes' mappings) and fault in again when next used,
-        so one 64 MiB batch does not leave 64 MiB resident in each process for good."""
-        buffer = self._maps.get(slot)
-        if buffer is not None and len(buffer) > KEEP_RESIDENT_BYTES:
-            with contextlib.suppress(OSError, AttributeError):
-                buffer.madvise(mmap.MADV_REMOVE)
-        self._free.append(slot)
-
-    def _lose(self, why: str) -> None:
-        """The worker died: fail every batch waiting on it, and tell the server once."""
-        if self._lost is not None:
-            return
-        self._lost = why
-        self._close_channel()
-        log.error("the model worker process is gone (%s)", why)
-        gone = Unavailable(f"the model worker is gone ({why}); retry on another replica")
-        waiting: list[asyncio.Future[Any]] = [f for f, _, _ in self._pending.values()]
-        waiting += [*self._loads.values(), *self._unloads.values()]
-        for future in waiting:
-            if not future.done():
-                future.set_exception(gone)
-        self._pending.clear()
+    def _waiting(self) -> list[asyncio.Future[Any]]:
+        waiting = [*super()._waiting(), *self._loads.values(), *self._unloads.values()]
         self._loads.clear()
         self._unloads.clear()
-        self._on_lost(why)
-
-    def _close_channel(self) -> None:
-        if self._channel is not None:
-            self._channel.close()  # a no-op once the channel is lost
+        return waiting
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Close our end (the worker exits on it) and reap the process."""
-        self._lost = self._lost or "closed"
-        self._close_channel()
-        if self._handles is not None:
-            self._handles.close()
+        super().close()
         if self._process is not None:
             self._process.join(timeout_s)
             if self._process.is_alive():
                 self._process.kill()
                 self._process.join()
-        for buffer in self._maps.values():
-            buffer.close()
-        self._maps.clear()

@@ -57,6 +57,10 @@ class Load:
     warm_up_failure_allowed_by: str | None = None
     """None: a signature that fails on the generated warm-up rows fails the load. Otherwise what
     lets it serve anyway (logged with the failure): --no-strict-warm-up, or its warmup file."""
+    max_batch_rows: int = 0
+    """Most rows of one model run when batches of several front-ends are merged (0: never merge)."""
+    allowed_batch_sizes: tuple[int, ...] = ()
+    """When set, merged runs only ever have one of these sizes (the model is fed nothing else)."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,12 @@ class Unload:
 @dataclass(frozen=True)
 class Unloaded:
     servable: int
+
+
+@dataclass(frozen=True)
+class AttachFrontEnd:
+    """Another front-end process sends batches from now on: its channel's two sockets (messages,
+    then slots' descriptors) follow this message on the slot socket."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +135,10 @@ class Run:
     signature: str
     slot: int
     inputs: dict[str, SlotArray | SlotStrings]
+    rows: int = 1
+    """The batch's rows, padding included (one for an unbatched signature's request)."""
+    counted_rows: int = 1
+    """Its requests' rows, padding not included: what mirrorserve_batch_rows counts."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +154,11 @@ class Done:
     started_at: float | None = None
     """When the worker began on the batch, on time.monotonic (CLOCK_MONOTONIC, one clock for
     every process of the machine): what the server measures the hand-over against."""
+    run_rows: int = 0
+    """Rows of the model run the batch was part of (other front-ends' batches merged with it)."""
+    counted_rows: int = 0
+    """The run's requests' rows, on the answer of its first batch only (0 on the others): each
+    model run is counted once in mirrorserve_batch_rows, whichever front-ends' batches it ran."""
 
 
 @dataclass(frozen=True)

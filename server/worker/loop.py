@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from server import logs, memory
 from server.config import Settings
 from server.core.worker_protocol import (
+    AttachFrontEnd,
     Done,
     Failed,
     Load,
@@ -54,6 +55,7 @@ from server.core.worker_protocol import (
     read_batch,
 )
 from server.errors import ModelError, ModelFailure
+from server.worker.run_queue import Part, Rules, RunQueue, cut, shares
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -83,16 +85,15 @@ def run(conn: Connection, handles: Connection, settings: Settings) -> None:
         log.debug("start-up failed", exc_info=True)
         conn.send(StartFailed(type(exc).__name__, str(exc)))
         return
-    send_lock = threading.Lock()
-    slots: dict[int, mmap.mmap] = {}
+    primary = FrontEnd(0, conn, handles)
     loaded: dict[int, _Servable] = {}
-    batches = _Batches(conn, send_lock, slots, loaded)
-    servables = _Servables(conn, send_lock, strategy, batches, loaded)
+    batches = _Batches(loaded)
+    servables = _Servables(primary, strategy, batches, loaded)
     gc.collect()
     gc.freeze()  # as in the server: no full collection over TensorFlow's objects mid-batch
     memory.trim_periodically()
     conn.send(Started(devices, demo))
-    _serve(conn, handles, slots, batches, servables)
+    _serve(primary, batches, servables)
 
 
 def _start(settings: Settings) -> tuple[tf.distribute.Strategy, list[str]]:
@@ -143,10 +144,9 @@ class _Servable:
 class _Servables:
     """The loaded servables, and the thread that loads and unloads them one at a time."""
 
-    def __init__(self, conn: Connection, send_lock: threading.Lock, strategy: tf.distribute.Strategy,
-                 batches: _Batches, loaded: dict[int, _Servable]) -> None:
-        self._conn = conn
-        self._send_lock = send_lock
+    def __init__(self, primary: FrontEnd, strategy: tf.distribute.Strategy, batches: _Batches,
+                 loaded: dict[int, _Servable]) -> None:
+        self._primary = primary
         self._strategy = strategy
         self._batches = batches
         self._loaded = loaded
@@ -158,8 +158,7 @@ class _Servables:
         self._jobs.put(message)
 
     def _send(self, message: object) -> None:
-        with self._send_lock:
-            self._conn.send(message)
+        self._primary.send(message)
 
     def _work(self) -> None:
         while True:
@@ -211,12 +210,15 @@ class _Servables:
             self._batches.allow(self._at_once())
             return failed
         self._loaded[job.servable] = _Servable(runners, loaded.handle, traces, job.max_inflight)
+        self._batches.serve(job.servable, Rules(job.max_inflight, job.max_batch_rows, job.allowed_batch_sizes,
+                                                frozenset(info.unbatched)))
         gc.collect()
         gc.freeze()
         return Loaded(job.servable, info, loaded.signature_defs,
                       time.perf_counter() - started)
 
     def _unload(self, servable: int) -> None:
+        self._batches.forget(servable)
         self._loaded.pop(servable, None)
         self._batches.allow(self._at_once())
         _collect()
@@ -235,23 +237,53 @@ def _collect() -> None:
     memory.trim()
 
 
+class FrontEnd:
+    """The worker's end of one front-end's channel: its messages, its slots (shared memory only
+    that front-end writes) and its answers (one sender at a time: batch threads share it)."""
+
+    def __init__(self, index: int, conn: Connection, handles: Connection) -> None:
+        self.index = index
+        self.conn = conn
+        self.handles = handles
+        self.slots: dict[int, mmap.mmap] = {}
+        self.gone = False
+        self._send_lock = threading.Lock()
+
+    def send(self, message: object) -> None:
+        if self.gone:
+            return
+        try:
+            with self._send_lock:
+                self.conn.send(message)
+        except (OSError, ValueError):  # it died: its reader frees what the worker held for it
+            self.gone = True
+
+    def close(self) -> None:
+        self.gone = True
+        for buffer in self.slots.values():
+            _close(buffer)
+        self.slots.clear()
+        self.conn.close()
+        self.handles.close()
+
+
 class _Batches:
     """Runs batches and sends their answers. As many run at once as the loaded servables allow
     together (each its max-inflight-batches), so one model's long batch does not hold up another
     model's: a 500 ms batch of long strings no longer made every other model's clients wait for it.
     While that is one batch (one servable, the default max-inflight-batches 1), it runs inline on
-    the thread reading the socket (no hand-off, no wake-up); otherwise the reader hands batches to
-    a pool of threads. Each pool thread makes one small TensorFlow call before it takes batches,
-    as TensorFlow sets up per-thread state on a thread's first call; each servable's own warm-up
-    (tracing, every batch size) is done by the loader before the server may send it a batch."""
+    the thread reading the socket it came from (no hand-off, no wake-up); otherwise batches go to a
+    pool of threads. Either way, batches of a servable that arrive while it runs all it may (from
+    other front-ends: server.worker.run_queue) wait, and the thread that finishes its run takes
+    them next, merged into one run. Each pool thread makes one small TensorFlow call
+    before it takes batches, as TensorFlow sets up per-thread state on a thread's first call; each
+    servable's own warm-up (tracing, every batch size) is done by the loader before the server may
+    send it a batch."""
 
-    def __init__(self, conn: Connection, send_lock: threading.Lock, slots: dict[int, mmap.mmap],
-                 loaded: dict[int, _Servable]) -> None:
-        self._conn = conn
-        self._send_lock = send_lock
-        self._slots = slots
+    def __init__(self, loaded: dict[int, _Servable]) -> None:
         self._loaded = loaded
-        self._jobs: queue.SimpleQueue[Run] = queue.SimpleQueue()
+        self._queue: RunQueue[tuple[FrontEnd, Run]] = RunQueue()
+        self._jobs: queue.SimpleQueue[list[Part[tuple[FrontEnd, Run]]]] = queue.SimpleQueue()
         self._threads = 0
         """Pool threads started so far (they are never stopped; idle while batches run inline)."""
         self._inline = True
@@ -273,31 +305,52 @@ class _Batches:
             self._threads = at_once
         self._inline = False  # from here on the reader hands batches over
 
-    def submit(self, message: Run) -> None:
+    def serve(self, servable: int, rules: Rules) -> None:
+        self._queue.add(servable, rules)
+
+    def forget(self, servable: int) -> None:
+        for part in self._queue.remove(servable):
+            front_end, message = part.origin
+            front_end.send(Failed(message.seq, f"servable {servable} is not loaded in the model worker"))
+
+    def submit(self, front_end: FrontEnd, message: Run) -> None:
+        run = self._queue.submit(Part((front_end, message), message.servable, message.signature, message.rows))
+        if run is None:
+            return  # it waits; the thread running its servable's batch takes it next, merged
         if self._inline:
-            self._answer(message)
+            self._run_through(run)
         else:
-            self._jobs.put(message)
+            self._jobs.put(run)
 
     def _work(self, warmed: threading.Barrier) -> None:
         _first_call()
         warmed.wait()
         while True:
-            self._answer(self._jobs.get())
+            self._run_through(self._jobs.get())
 
-    def _answer(self, message: Run) -> None:
-        result = self._run(message)
-        with self._send_lock:
-            self._conn.send(result)
+    def _run_through(self, run: list[Part[tuple[FrontEnd, Run]]] | None) -> None:
+        """Run it, then whatever waited for the same servable meanwhile, until nothing does."""
+        while run is not None:
+            servable = run[0].servable
+            self._answer(run)
+            run = self._queue.finished(servable)
 
-    def _run(self, message: Run) -> Done | Failed:
+    def _answer(self, run: list[Part[tuple[FrontEnd, Run]]]) -> None:
+        if len(run) == 1:
+            front_end, message = run[0].origin
+            front_end.send(self._run_one(front_end, message))
+            return
+        for (front_end, _), answer in zip((p.origin for p in run), self._run_merged(run), strict=True):
+            front_end.send(answer)
+
+    def _run_one(self, front_end: FrontEnd, message: Run) -> Done | Failed:
         started_at = time.monotonic()  # CLOCK_MONOTONIC: the server process reads the same clock
         started = time.perf_counter()
         servable = self._loaded.get(message.servable)
         if servable is None:
             return Failed(message.seq, f"servable {message.servable} is not loaded in the model worker")
         try:
-            batch = read_batch(self._slots.get(message.slot), message.inputs)
+            batch = read_batch(front_end.slots.get(message.slot), message.inputs)
             outputs, replica_rows = servable.runners[message.signature].run(batch)
         except ModelError as exc:
             return Failed(message.seq, str(exc), exc.code)
@@ -307,7 +360,44 @@ class _Batches:
             log.error("batch of signature '%s' failed", message.signature, exc_info=True)
             return Failed(message.seq, f"{type(exc).__name__}: {exc}")
         return Done(message.seq, outputs, time.perf_counter() - started, dict(servable.traces), replica_rows,
-                    started_at)
+                    started_at, message.rows, message.counted_rows)
+
+    def _run_merged(self, run: list[Part[tuple[FrontEnd, Run]]]) -> list[Done | Failed]:
+        """Several front-ends' batches of one signature as one model run; each its own rows back."""
+        import numpy as np
+
+        started_at = time.monotonic()
+        started = time.perf_counter()
+        messages = [p.origin[1] for p in run]
+        first = messages[0]
+        servable = self._loaded.get(first.servable)
+        total = sum(m.rows for m in messages)
+        counted = sum(m.counted_rows for m in messages)
+
+        def failed(text: str, code: int | None = None) -> list[Done | Failed]:
+            return [Failed(m.seq, text, code) for m in messages]
+
+        if servable is None:
+            return failed(f"servable {first.servable} is not loaded in the model worker")
+        try:
+            batches = [read_batch(front_end.slots.get(m.slot), m.inputs) for (front_end, m) in (p.origin for p in run)]
+            batch = {name: np.concatenate([b[name] for b in batches], axis=0) for name in batches[0]}
+            outputs, replica_rows = servable.runners[first.signature].run(batch)
+        except ModelError as exc:
+            return failed(str(exc), exc.code)
+        except ModelFailure as exc:
+            return failed(str(exc))
+        except Exception as exc:
+            log.error("merged batch of signature '%s' failed", first.signature, exc_info=True)
+            return failed(f"{type(exc).__name__}: {exc}")
+        seconds = time.perf_counter() - started
+        traces = dict(servable.traces)
+        answers: list[Done | Failed] = []
+        for i, (message, (start, end)) in enumerate(zip(messages, cut([m.rows for m in messages]), strict=True)):
+            answers.append(Done(message.seq, {name: array[start:end] for name, array in outputs.items()}, seconds,
+                                traces, shares(replica_rows, start, end), started_at, total,
+                                counted if i == 0 else 0))
+        return answers
 
 
 def _first_call() -> None:
@@ -316,29 +406,62 @@ def _first_call() -> None:
     tf.reduce_sum(tf.ones((2, 2))).numpy()
 
 
-def _serve(conn: Connection, handles: Connection, slots: dict[int, mmap.mmap], batches: _Batches,
-           servables: _Servables) -> None:
+def _serve(primary: FrontEnd, batches: _Batches, servables: _Servables) -> None:
+    """Read the primary front-end's channel (it also loads and unloads, and attaches the others)."""
+    index = 1
     while True:
         try:
-            message = conn.recv()
+            message = primary.conn.recv()
         except (EOFError, OSError):
             return  # the server closed its end or is gone
-        if isinstance(message, NewSlot):
+        if isinstance(message, AttachFrontEnd):
             try:
-                fd = reduction.recv_handle(handles)
+                conn = Connection(reduction.recv_handle(primary.handles))
+                handles = Connection(reduction.recv_handle(primary.handles))
             except (EOFError, OSError):
                 return
-            old = slots.pop(message.index, None)
-            slots[message.index] = mmap.mmap(fd, message.size)
-            os.close(fd)
-            if old is not None:
-                _close(old)
-        elif isinstance(message, Run):
-            batches.submit(message)
+            front_end = FrontEnd(index, conn, handles)
+            index += 1
+            threading.Thread(target=_read, args=(front_end, batches), name=f"front-end-{front_end.index}",
+                             daemon=True).start()
         elif isinstance(message, Load | Unload):
             servables.submit(message)
-        else:
-            log.error("unexpected message from the server: %r", type(message).__name__)
+        elif not _handle(primary, message, batches):
+            return
+
+
+def _read(front_end: FrontEnd, batches: _Batches) -> None:
+    """A secondary front-end's channel, until it closes (it stopped, or died): then its slots are
+    unmapped."""
+    try:
+        while True:
+            try:
+                message = front_end.conn.recv()
+            except (EOFError, OSError):
+                return
+            if not _handle(front_end, message, batches):
+                return
+    finally:
+        front_end.close()
+
+
+def _handle(front_end: FrontEnd, message: object, batches: _Batches) -> bool:
+    """A slot or a batch from a front-end; False when its channel can no longer be read."""
+    if isinstance(message, NewSlot):
+        try:
+            fd = reduction.recv_handle(front_end.handles)
+        except (EOFError, OSError):
+            return False
+        old = front_end.slots.pop(message.index, None)
+        front_end.slots[message.index] = mmap.mmap(fd, message.size)
+        os.close(fd)
+        if old is not None:
+            _close(old)
+    elif isinstance(message, Run):
+        batches.submit(front_end, message)
+    else:
+        log.error("unexpected message from front-end %d: %r", front_end.index, type(message).__name__)
+    return True
 
 
 def _close(buffer: mmap.mmap) -> None:

@@ -55,7 +55,7 @@ def on_thread(model: Callable[[Hashable, Tensors], Tensors], executor: Executor)
         outputs = model(key, batch)
         return Ran(outputs, time.monotonic() - started)
 
-    async def run(key: Hashable, parts: list[Tensors]) -> Ran:
+    async def run(key: Hashable, parts: list[Tensors], rows: int) -> Ran:
         # The parts are joined where the batch runs, as the model worker joins them into its slot.
         return await asyncio.get_running_loop().run_in_executor(executor, timed, key, concat_rows(parts))
 
@@ -114,7 +114,7 @@ class RecordingObserver:
     def batch_started(self, rows: int) -> None:
         self.started.append(rows)
 
-    def batch_finished(self, rows: int, padded: int, timing: BatchTiming | None) -> None:
+    def batch_finished(self, rows: int, padded: int, timing: BatchTiming | None, counted: int) -> None:
         self.finished.append(None if timing is None else timing.infer_seconds)
         self.timings.append(timing)
 

@@ -44,7 +44,7 @@ class LoopModel:
         self.respond: Callable[[Hashable, Tensors], Tensors] = double
         self.cost: Callable[[int], float] = lambda rows: 0.0
 
-    async def __call__(self, key: Hashable, parts: list[Tensors]) -> Ran:
+    async def __call__(self, key: Hashable, parts: list[Tensors], rows: int) -> Ran:
         batch = concat_rows(parts)
         started = now()
         self.calls.append(Call(key, batch["x"].copy(), started))

@@ -59,7 +59,7 @@ def test_config_file_excludes_the_one_model_flags(other: list[str], capsys: pyte
 
 def test_all_flags() -> None:
     s = parse(
-        "--model-base-path", "/m/a", "--model-name", "n", "--port", "0", "--replicas", "4",
+        "--model-base-path", "/m/a", "--model-name", "n", "--port", "0", "--replicas", "4", "--frontends", "3",
         "--max-batch-size", "8", "--batch-timeout-ms", "0.5", "--allowed-batch-sizes", "2,4,8",
         "--max-queued-rows", "100",
         "--metrics-port", "9090", "--rest-api-port", "0", "--max-message-bytes", "1024", "--drain-delay-s", "0.5",

@@ -59,7 +59,8 @@ class FakeWorker:
 
     async def load(self, servable: int, name: str, version: int, path: str,
                    warm_up_sizes: tuple[int, ...], max_inflight: int,
-                   warm_up_failure_allowed_by: str | None = None) -> Loaded:
+                   warm_up_failure_allowed_by: str | None = None, max_batch_rows: int = 0,
+                   allowed_batch_sizes: tuple[int, ...] = ()) -> Loaded:
         self._note("load", name, version)
         self.allowed_by.append(warm_up_failure_allowed_by)
         self._gone()
@@ -73,7 +74,8 @@ class FakeWorker:
         self._note("unload", *self._ids[servable])
         self._gone()
 
-    async def run(self, servable: int, signature: str, parts: Sequence[Tensors]) -> Done:
+    async def run(self, servable: int, signature: str, parts: Sequence[Tensors], rows: int = 1,
+                  counted_rows: int = 1) -> Done:
         batch = concat_rows(list(parts))
         rows = int(batch["x"].shape[0])
         self._note("run", *self._ids[servable], rows)

@@ -19,7 +19,7 @@ from server.core.statistics import RequestTiming, VersionStatistics
 HAND_OVER, MODEL, BACK = 0.010, 0.050, 0.020
 
 
-async def worker_like(key: Hashable, parts: list[Tensors]) -> Ran:
+async def worker_like(key: Hashable, parts: list[Tensors], rows: int) -> Ran:
     """A batch handed over in 10 ms, run for 50 ms, its outputs back 20 ms later."""
     await asyncio.sleep(HAND_OVER + MODEL + BACK)
     return Ran({"y": concat_rows(parts)["x"] * 2}, MODEL, HAND_OVER)

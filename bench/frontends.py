@@ -1,0 +1,145 @@
+"""Front-end processes (--frontends N) side by side, on one model: req/s, p50, p99, the front-ends'
+CPU per request and rows per model run, at each concurrency, measured in turns.
+
+One server per N is started (all at once; an idle one costs no CPU), then perf_analyzer (Triton's
+C++ client, its Triton kind) drives each in turn with TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT=1,
+so each of its callers has a connection of its own and the kernel can spread them over the
+front-ends (SO_REUSEPORT spreads connections, not calls). The front-ends' CPU is read from /proc
+over each run: every process of the server but the model worker (the one that has TensorFlow
+mapped) and multiprocessing's resource tracker. Rows per run come from mirrorserve_batch_rows.
+
+usage: python -m bench.frontends [--model mlp] [--frontends 1,2,4] [--concurrency 1,64]
+       [--repeat 3] [--seconds 3] [--server-flags FLAGS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.launch import ROOT, ServerProcess
+from bench.perf import TRITON, binary, perf_run
+from bench.run import SHAPES, batch_totals, build_models
+from bench.versus import start
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def front_end_pids(pid: int) -> list[int]:
+    """The server's front-end processes: the primary and its children but the model worker and
+    multiprocessing's resource tracker."""
+    pids = [pid]
+    for child in _children(pid):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            maps = Path(f"/proc/{child}/maps").read_text()
+        except OSError:
+            continue
+        if b"resource_tracker" in cmdline or "libtensorflow" in maps:
+            continue
+        pids.append(child)
+    return pids
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / CLOCK_TICKS
+
+
+@dataclass
+class Measured:
+    req_per_s: float
+    p50_ms: float
+    p99_ms: float
+    cores: float
+    """Front-end CPU over the run's wall time."""
+    cpu_us: float
+    """Front-end CPU per request."""
+    rows_per_run: float | None
+
+
+def measure(server: ServerProcess, model: str, level: int, seconds: float, work: Path) -> Measured:
+    name, shape = SHAPES[model]
+    pids = front_end_pids(server.process.pid)
+    before_rows = batch_totals("127.0.0.1", str(server.rest_port))
+    cpu_before, started = cpu_seconds(pids), time.perf_counter()
+    os.environ["TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT"] = "1"  # a connection per caller
+    path = binary()
+    assert path is not None, "perf_analyzer is not installed (make bench installs it)"
+    run = perf_run(path, f"127.0.0.1:{server.port}", model, name, shape, level, seconds, TRITON, work / "perf.csv")
+    cpu, wall = cpu_seconds(pids) - cpu_before, time.perf_counter() - started
+    after_rows = batch_totals("127.0.0.1", str(server.rest_port))
+    rows = None
+    if before_rows and after_rows and after_rows[1] > before_rows[1]:
+        rows = (after_rows[0] - before_rows[0]) / (after_rows[1] - before_rows[1])
+    # perf_analyzer runs a few windows and starts up: CPU over the whole wall time, per request at its rate
+    return Measured(run.req_per_s, run.p50_ms, run.p99_ms, cpu / wall, cpu * 1e6 / max(run.req_per_s * wall, 1.0),
+                    rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="mlp", choices=sorted(SHAPES))
+    parser.add_argument("--frontends", default="1,2,4")
+    parser.add_argument("--concurrency", default="1,64")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--server-flags", default="")
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "frontends")
+    opts = parser.parse_args(argv)
+    base = build_models([opts.model], opts.out / "models")[opts.model]
+    counts = [int(n) for n in opts.frontends.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        servers = {n: start(ROOT, base, [*shlex.split(opts.server_flags), "--frontends", str(n)],
+                            work / f"server-{n}.log") for n in counts}
+        try:
+            print(f"# {opts.model}, perf_analyzer (Triton kind, a connection per caller), medians of {opts.repeat}")
+            print("| callers | frontends | req/s | p50 ms | p99 ms | front-end cores | front-end µs/req | rows/run |")
+            print("|---|---|---|---|---|---|---|---|")
+            for level in (int(c) for c in opts.concurrency.split(",")):
+                runs: dict[int, list[Measured]] = {n: [] for n in counts}
+                for turn in range(opts.repeat):
+                    for n in counts if turn % 2 == 0 else list(reversed(counts)):
+                        runs[n].append(measure(servers[n], opts.model, level, opts.seconds, work))
+                base_rate = statistics.median(r.req_per_s for r in runs[counts[0]])
+                for n in counts:
+                    rs = runs[n]
+                    rate = statistics.median(r.req_per_s for r in rs)
+                    rows = [r.rows_per_run for r in rs if r.rows_per_run is not None]
+                    rows_text = f"{statistics.median(rows):.1f}" if rows else "-"
+                    p50, p99 = statistics.median(r.p50_ms for r in rs), statistics.median(r.p99_ms for r in rs)
+                    cores, cpu_us = statistics.median(r.cores for r in rs), statistics.median(r.cpu_us for r in rs)
+                    print(f"| {level} | {n} | {rate:,.0f} ({rate / base_rate:.2f}x) | {p50:.3f} | {p99:.3f} | "
+                          f"{cores:.2f} | {cpu_us:.0f} | {rows_text} |", flush=True)
+        finally:
+            for server in servers.values():
+                server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

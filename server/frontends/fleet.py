@@ -1,0 +1,207 @@
+"""The primary's side of the other front-end processes: it spawns them, tells them the models
+(views), applies their control calls, restarts one that dies, and drains them on stop.
+
+Each front-end gets, at spawn, the ports the primary bound (so port 0 works: they join the port it
+got), a channel of its own to the model worker (ModelProcess.attach), and a socket to the primary.
+`publish` sends the registry as it is now and returns once every live front-end has applied it
+(server.frontends.follower): the lifecycle awaits it after each change that routing sees, so a
+new version is routed everywhere when its load returns, and a retiring one is freed in the worker
+only after every front-end has drained it. A front-end that dies is restarted after RESTART_S;
+its clients reconnect (to any front-end), the others' see nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import socket
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from server import metrics
+from server.api.control import ControlPlane
+from server.config import Settings
+from server.core.model_config import ModelSource
+from server.core.model_process import ModelProcess
+from server.core.servables import Registry
+from server.core.worker_channel import WorkerChannel
+from server.errors import ServingError
+from server.frontends.view import Applied, ApplySources, Drain, SourcesApplied, snapshot
+
+log = logging.getLogger("server.frontends.fleet")
+
+RESTART_S = 1.0
+"""Wait before restarting a front-end that died (so a crash loop costs one spawn a second)."""
+
+
+def _secondary_main(*args: Any) -> None:
+    from server.frontends import secondary
+
+    secondary.run(*args)
+
+
+@dataclass(eq=False)
+class _Member:
+    index: int
+    process: Any
+    channel: WorkerChannel | None = None
+    applied: int = -1
+    waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
+    gone: bool = False
+
+    def settle(self) -> None:
+        for seq, future in self.waiters:
+            if (self.gone or self.applied >= seq) and not future.done():
+                future.set_result(None)
+        self.waiters = [(s, f) for s, f in self.waiters if not f.done()]
+
+
+class Fleet:
+    def __init__(self, settings: Settings, worker: ModelProcess, registry: Registry, *, devices: int,
+                 ports: tuple[int, int], control: ControlPlane, metrics_paths: tuple[str, ...],
+                 serving: Callable[[], bool], configured: Callable[[], Sequence[str]],
+                 apply_sources: Callable[[list[ModelSource]], Awaitable[list[str]]]) -> None:
+        self._settings = settings
+        self._worker = worker
+        self._registry = registry
+        self._devices = devices
+        self._ports = ports
+        self._control = control
+        self._metrics_paths = metrics_paths
+        self._serving = serving
+        self._configured = configured
+        self._apply_sources = apply_sources
+        self._members: dict[int, _Member] = {}
+        self._seq = 0
+        self._stopping = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def count(self) -> int:
+        """Front-end processes besides the primary, alive now."""
+        return sum(not m.gone for m in self._members.values())
+
+    async def start(self, count: int) -> None:
+        """Spawn `count` front-ends and wait until each routes by the current view."""
+        for index in range(1, count + 1):
+            await self._spawn(index)
+        await self.publish()
+
+    async def _spawn(self, index: int) -> None:
+        context = multiprocessing.get_context("spawn")  # never fork a process that runs gRPC threads
+        ours, theirs = socket.socketpair()
+        worker_sock, worker_handles = self._worker.attach()
+        process = context.Process(
+            target=_secondary_main,
+            args=(self._settings, index, theirs, worker_sock, worker_handles, self._worker.pid, self._ports,
+                  self._devices, self._control, self._metrics_paths),
+            name=f"mirrorserve-frontend-{index}", daemon=True)
+        member = _Member(index, process)
+        self._members[index] = member
+        member.channel = await WorkerChannel.open(ours, lambda m: self._on_message(member, m),
+                                                  lambda why: self._on_lost(member, why))
+        process.start()
+        theirs.close()
+        worker_sock.close()
+        worker_handles.close()
+
+    def _on_message(self, member: _Member, message: object) -> None:
+        if isinstance(message, Applied):
+            member.applied = max(member.applied, message.seq)
+            member.settle()
+        elif isinstance(message, ApplySources):
+            self._spawn_task(self._apply_for(member, message))
+        else:
+            log.error("unexpected message from front-end %d: %r", member.index, type(message).__name__)
+
+    async def _apply_for(self, member: _Member, call: ApplySources) -> None:
+        try:
+            problems = await self._apply_sources(list(call.sources))
+            answer = SourcesApplied(call.call, tuple(problems))
+        except ServingError as exc:
+            answer = SourcesApplied(call.call, (), str(exc))
+        except Exception as exc:
+            log.exception("applying a control call from front-end %d failed", member.index)
+            answer = SourcesApplied(call.call, (), f"{type(exc).__name__}")
+        if member.channel is not None and not member.gone:
+            member.channel.send(answer)
+
+    def _on_lost(self, member: _Member, why: str) -> None:
+        member.gone = True
+        member.settle()
+        member.process.join(0.5 if not self._stopping else 0.0)
+        if member.process.pid is not None and not member.process.is_alive():
+            metrics.process_gone(member.process.pid)
+        if self._stopping:
+            return
+        log.error("front-end %d is gone (exit code %s, %s); restarting it in %gs", member.index,
+                  member.process.exitcode, why, RESTART_S)
+        self._spawn_task(self._restart(member.index))
+
+    async def _restart(self, index: int) -> None:
+        await asyncio.sleep(RESTART_S)
+        if self._stopping or not self._worker.alive:
+            return
+        try:
+            await self._spawn(index)
+        except Exception:
+            log.exception("restarting front-end %d failed", index)
+            return
+        await self.publish()
+
+    def _spawn_task(self, work: Awaitable[Any]) -> None:
+        task: asyncio.Task[Any] = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def publish(self) -> None:
+        """Send every front-end the registry as it is now; return once each live one routes by it."""
+        if not self._members:
+            return
+        self._seq += 1
+        view = snapshot(self._registry, self._seq, self._serving(), tuple(self._configured()))
+        waiting = []
+        loop = asyncio.get_running_loop()
+        for member in self._members.values():
+            if member.gone or member.channel is None:
+                continue
+            future: asyncio.Future[None] = loop.create_future()
+            member.waiters.append((view.seq, future))
+            member.channel.send(view)
+            waiting.append(future)
+        if waiting:
+            await asyncio.gather(*waiting)
+
+    def push(self) -> None:
+        """publish, without waiting (status changes: a load begun or failed, health)."""
+        if self._members:
+            self._spawn_task(self.publish())
+
+    async def drain(self, delay_s: float, deadline: float) -> None:
+        """Tell every front-end to drain (health NOT_SERVING now, new calls refused after
+        `delay_s`, accepted ones finished) and wait for them to exit, until `deadline`."""
+        self._stopping = True
+        for member in self._members.values():
+            if member.channel is not None and not member.gone:
+                member.channel.send(Drain(delay_s))
+        for member in self._members.values():
+            await asyncio.get_running_loop().run_in_executor(
+                None, member.process.join, max(deadline - time.monotonic(), 0.1))
+            if member.process.is_alive():
+                log.warning("front-end %d did not stop in time; killing it", member.index)
+                member.process.kill()
+        for task in list(self._tasks):
+            task.cancel()
+
+    def close(self) -> None:
+        self._stopping = True
+        for member in self._members.values():
+            if member.channel is not None:
+                member.channel.close()
+            with contextlib.suppress(Exception):
+                if member.process.is_alive():
+                    member.process.kill()
