@@ -120,12 +120,14 @@ def clients(server: ServerProcess) -> list[Protocol]:
             Protocol("REST :predict", rest_predict), Protocol("v2 REST infer", v2_rest)]
 
 
-def test_versions_roll_in_under_load_on_every_protocol_with_zero_failures(built: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("frontends", [1, 4])
+def test_versions_roll_in_under_load_on_every_protocol_with_zero_failures(built: Path, tmp_path: Path,
+                                                                          frontends: int) -> None:
     base = tmp_path / "rolling"
     base.mkdir()
     shutil.copytree(built / "1", base / "1")
     server = start_server(["--model-base-path", str(base), "--model-name", "rolling", "--file-system-poll-wait-seconds",
-                           "0.2", "--drain-delay-s", "0"], tmp_path / "server.log")
+                           "0.2", "--drain-delay-s", "0", "--frontends", str(frontends)], tmp_path / "server.log")
     running: list[Protocol] = []
     try:
         running = clients(server)
@@ -152,7 +154,11 @@ def test_versions_roll_in_under_load_on_every_protocol_with_zero_failures(built:
     summary = {c.name: {v: c.versions.count(v) for v in sorted(set(c.versions))} for c in running}
     print(f"answers by protocol and version: {summary}")
     assert not failures, failures[:10]
-    for client in running:  # one closed loop: each answer from the same version as the last, or a newer one
-        assert client.versions == sorted(client.versions) and client.versions[-1] == VERSIONS, summary
-        assert set(range(2, VERSIONS + 1)) <= set(client.versions), summary
+    for client in running:
+        assert client.versions[-1] == VERSIONS and set(range(2, VERSIONS + 1)) <= set(client.versions), summary
+        if frontends == 1:  # one closed loop: each answer from the same version as the last, or a newer one
+            assert client.versions == sorted(client.versions), summary
+        # With several front-ends, each switches when it applies the view: a client whose calls
+        # reach different front-ends may meet the old version once more in that moment, never a
+        # failure.
     assert log.count("unloaded model=rolling") == VERSIONS - 1, log[-3000:]

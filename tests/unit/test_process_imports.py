@@ -30,6 +30,13 @@ def test_the_serving_process_never_imports_tensorflow() -> None:
     assert not {m for m in modules if m.startswith("server.worker")}
 
 
+def test_a_front_end_process_never_imports_tensorflow() -> None:
+    modules = _modules_after("import server.frontends.secondary, server.frontends.fleet")
+    assert "server.api.tfs" in modules and "server.frontends.follower" in modules
+    assert not {m for m in modules if m == "tensorflow" or m.startswith("tensorflow.")}
+    assert not {m for m in modules if m.startswith("server.worker")}
+
+
 def test_the_model_worker_never_imports_generated_protos() -> None:
     modules = _modules_after("import server.core.model_process, server.worker.loop, server.worker.saved_model, "
                              "server.worker.replicas, server.worker.demo_model")
