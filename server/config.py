@@ -310,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-max-connection-age-ms", type=_non_negative_int, default=0,
                    help="close client connections after about this long so clients re-balance over pods "
                         "(default 0: never)")
+    p.add_argument("--grpc-max-connection-age-seconds", type=float, default=None, metavar="S",
+                   help="the same in seconds (grpc's max_connection_age), e.g. 60 so that long-lived clients are "
+                        "re-spread over front-ends and pods")
     p.add_argument("--grpc-max-connection-age-grace-ms", type=_non_negative_int, default=10_000,
                    help="time calls on a closing connection get to finish (default 10000)")
     p.add_argument("--event-loop", choices=event_loop.NAMES, default=event_loop.NAMES[0],
@@ -483,6 +486,12 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
     if ns.model_control_mode == "explicit" and ns.model_repository is None:
         parser.error("--model-control-mode explicit loads models of --model-repository; give it too")
     ns.load_models = tuple(ns.load_models or ())
+    if ns.grpc_max_connection_age_seconds is not None:
+        if ns.grpc_max_connection_age_seconds < 0:
+            parser.error("--grpc-max-connection-age-seconds must be >= 0")
+        if ns.grpc_max_connection_age_ms:
+            parser.error("--grpc-max-connection-age-seconds and --grpc-max-connection-age-ms are one setting; give one")
+        ns.grpc_max_connection_age_ms = round(ns.grpc_max_connection_age_seconds * 1000)
     if ns.frontends == "auto":
         ns.frontends = auto_frontends(len(os.sched_getaffinity(0)))
     if ns.load_models and ns.model_control_mode != "explicit":

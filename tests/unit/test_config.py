@@ -81,7 +81,7 @@ def test_all_flags() -> None:
         grpc_max_connection_age_ms=60_000, grpc_max_connection_age_grace_ms=5_000,
         max_inflight_batches=1, intra_op_threads=0, inter_op_threads=0, event_loop="asyncio",
         grpc_bind_address="127.0.0.1", rest_bind_address="::1", grpc_max_concurrent_streams=64,
-        grpc_max_pending_rpcs=300,
+        grpc_max_pending_rpcs=300, frontends=3,
         enable_model_management=True, admin_token_file="/etc/tokens", model_roots=("/m", "/n"),
         rest_api_timeout_ms=0.0, monitoring_config_file=None,
     )
@@ -294,3 +294,18 @@ def test_grpc_pending_queue_is_sized_from_the_concurrency_limit() -> None:
     options = dict(grpc_options(parse("--grpc-max-pending-rpcs", "5000")))
     assert (options["grpc.server.max_pending_requests"],
             options["grpc.server.max_pending_requests_hard_limit"]) == (5000, 10000)
+
+
+def test_connection_age_in_seconds_is_the_same_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse("--grpc-max-connection-age-seconds", "1.5").grpc_max_connection_age_ms == 1500
+    with pytest.raises(SystemExit):
+        parse("--grpc-max-connection-age-seconds", "60", "--grpc-max-connection-age-ms", "5000")
+    assert "are one setting" in capsys.readouterr().err
+
+
+def test_frontends_is_a_count_or_auto(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse("--frontends", "4").frontends == 4
+    assert parse().frontends >= 1
+    with pytest.raises(SystemExit):
+        parse("--frontends", "0")
+    assert "--frontends" in capsys.readouterr().err
