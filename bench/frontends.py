@@ -58,6 +58,13 @@ def front_end_pids(pid: int) -> list[int]:
     return pids
 
 
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def cpu_seconds(pids: list[int]) -> float:
     total = 0
     for pid in pids:
@@ -110,6 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-flags", default="")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "frontends")
     opts = parser.parse_args(argv)
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+
     base = build_models([opts.model], opts.out / "models")[opts.model]
     counts = [int(n) for n in opts.frontends.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -117,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         servers = {n: start(ROOT, base, [*shlex.split(opts.server_flags), "--frontends", str(n)],
                             work / f"server-{n}.log") for n in counts}
         try:
-            print(f"# {opts.model}, perf_analyzer (Triton kind, a connection per caller), medians of {opts.repeat}")
-            print("| callers | frontends | req/s | p50 ms | p99 ms | front-end cores | front-end µs/req | rows/run |")
-            print("|---|---|---|---|---|---|---|---|")
+            say(f"# {opts.model}, perf_analyzer (Triton kind, a connection per caller), medians of {opts.repeat}")
+            say("| callers | frontends | req/s | p50 ms | p99 ms | front-end cores | front-end µs/req | rows/run |")
+            say("|---|---|---|---|---|---|---|---|")
             for level in (int(c) for c in opts.concurrency.split(",")):
                 runs: dict[int, list[Measured]] = {n: [] for n in counts}
                 for turn in range(opts.repeat):
@@ -133,11 +146,17 @@ def main(argv: list[str] | None = None) -> int:
                     rows_text = f"{statistics.median(rows):.1f}" if rows else "-"
                     p50, p99 = statistics.median(r.p50_ms for r in rs), statistics.median(r.p99_ms for r in rs)
                     cores, cpu_us = statistics.median(r.cores for r in rs), statistics.median(r.cpu_us for r in rs)
-                    print(f"| {level} | {n} | {rate:,.0f} ({rate / base_rate:.2f}x) | {p50:.3f} | {p99:.3f} | "
-                          f"{cores:.2f} | {cpu_us:.0f} | {rows_text} |", flush=True)
+                    say(f"| {level} | {n} | {rate:,.0f} ({rate / base_rate:.2f}x) | {p50:.3f} | {p99:.3f} | "
+                        f"{cores:.2f} | {cpu_us:.0f} | {rows_text} |")
+            say("")
+            for n, server in servers.items():
+                sizes = [rss_mb(pid) for pid in front_end_pids(server.process.pid)]
+                say(f"- {n} front-ends: RSS of each, MB: {', '.join(f'{size:.0f}' for size in sizes)}")
         finally:
             for server in servers.values():
                 server.stop()
+    opts.out.mkdir(parents=True, exist_ok=True)
+    (opts.out / f"frontends-{opts.model}.md").write_text("\n".join(lines) + "\n")
     return 0
 
 

@@ -10,10 +10,12 @@ import argparse
 import dataclasses
 import importlib.metadata
 import itertools
+import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from server import event_loop, tfs_flags
 from server.core.version_folders import local_path
@@ -410,12 +412,36 @@ def _from_environment(action: argparse.Action, raw: str) -> object:
     return action.type(raw) if callable(action.type) else raw
 
 
-AUTO_FRONTENDS_HELP = "1"
+AUTO_FRONTENDS_HELP = "one per usable core, at most 8"
+AUTO_FRONTENDS_MAX = 8
 
 
-def auto_frontends(cores: int | None) -> int:
-    """--frontends auto."""
-    return 1
+def usable_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> float:
+    """The cores this process may use: its CPU affinity, capped by a container's CPU quota (cgroup
+    v2 cpu.max or v1 cpu.cfs_quota_us), which the affinity does not show."""
+    cores = float(len(os.sched_getaffinity(0)))
+    try:
+        quota, period = (cgroup / "cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, int(quota) / int(period))
+    except (OSError, ValueError):
+        try:
+            quota = (cgroup / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+            period = (cgroup / "cpu" / "cpu.cfs_period_us").read_text().strip()
+            if int(quota) > 0:
+                cores = min(cores, int(quota) / int(period))
+        except (OSError, ValueError):
+            pass
+    return cores
+
+
+def auto_frontends(cores: float) -> int:
+    """--frontends auto: one front-end process per usable core (rounded up), at most
+    AUTO_FRONTENDS_MAX. Why, measured in docs/performance.md: a front-end is one Python process
+    that saturates one core; the model worker's threads and a front-end's share of calls then
+    balance over the cores. Past a few the front-ends add memory (about 70 MB each) and scatter
+    batches over more queues, for a gain that a 16-core machine's GPUs, not its cores, decide."""
+    return max(1, min(AUTO_FRONTENDS_MAX, math.ceil(cores)))
 
 
 def _frontends(text: str) -> int | str:
@@ -493,7 +519,7 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
             parser.error("--grpc-max-connection-age-seconds and --grpc-max-connection-age-ms are one setting; give one")
         ns.grpc_max_connection_age_ms = round(ns.grpc_max_connection_age_seconds * 1000)
     if ns.frontends == "auto":
-        ns.frontends = auto_frontends(len(os.sched_getaffinity(0)))
+        ns.frontends = auto_frontends(usable_cores())
     if ns.load_models and ns.model_control_mode != "explicit":
         parser.error("--load-model picks the models explicit mode starts with; give --model-control-mode explicit "
                      "(in mode none every model of the repository is served)")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 
 import pytest
 
@@ -309,3 +311,13 @@ def test_frontends_is_a_count_or_auto(capsys: pytest.CaptureFixture[str]) -> Non
     with pytest.raises(SystemExit):
         parse("--frontends", "0")
     assert "--frontends" in capsys.readouterr().err
+
+
+def test_auto_frontends_is_one_per_usable_core_capped(tmp_path: Path) -> None:
+    from server.config import auto_frontends, usable_cores
+
+    assert [auto_frontends(c) for c in (0.5, 1, 1.5, 2, 16, 64)] == [1, 1, 2, 2, 8, 8]
+    (tmp_path / "cpu.max").write_text("150000 100000\n")  # a container limited to 1.5 cores
+    assert usable_cores(tmp_path) == min(1.5, len(os.sched_getaffinity(0)))
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert usable_cores(tmp_path) == len(os.sched_getaffinity(0))
