@@ -39,6 +39,7 @@ from server.core.lifecycle import Lifecycle, check_sources
 from server.core.model_process import ModelProcess
 from server.core.repository import repository_sources
 from server.core.servables import Registry
+from server.core.statistics import VersionStatistics
 from server.errors import Unavailable
 from server.frontends.fleet import Fleet
 from server.frontends.front_end import FrontEnd
@@ -78,8 +79,11 @@ async def serve(settings: Settings) -> int:
     def ready() -> bool:
         return not registry.starting and not stop.is_set()
 
+    async def peers(ids: list[int]) -> dict[int, list[VersionStatistics]]:
+        return {} if fleet is None else await fleet.statistics(ids)
+
     front = FrontEnd(settings, registry, ready=ready, models=lambda: lifecycle, control=lambda: control,
-                     metrics_paths=metrics_paths)
+                     metrics_paths=metrics_paths, peers=peers)
     health, logs = front.health, front.logs
     await front.open(settings.port, settings.rest_api_port)
     port, rest_port = front.port, front.rest_port

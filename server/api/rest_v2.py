@@ -31,6 +31,7 @@ from server.config import server_version
 from server.core.inference import infer
 from server.core.repository import Repository
 from server.core.servables import Registry, Servable
+from server.core.statistics import PeerStatistics
 from server.errors import InvalidInput
 
 PROTOCOL = "v2-rest"
@@ -41,9 +42,10 @@ CONTROL_BODY_BYTES = 1 << 20
 class V2Rest(rest.RestFrontEnd):
     def __init__(self, registry: Registry, max_body_bytes: int, ready: Callable[[], bool],
                  decoder: BodyDecoder, repository: Repository, control: Callable[[], ControlPlane],
-                 default_timeout_s: float | None = None) -> None:
+                 default_timeout_s: float | None = None, peers: PeerStatistics | None = None) -> None:
         """`ready`: whether the server as a whole is ready, as health says; `control`: who may
-        load and unload models."""
+        load and unload models; `peers`: the other front-end processes' statistics."""
+        self._peers = peers
         super().__init__(Recorder(registry, PROTOCOL), default_timeout_s)
         self._registry = registry
         self._repository = repository
@@ -129,8 +131,8 @@ class V2Rest(rest.RestFrontEnd):
     @rest.rest_call("ModelStatistics")
     async def model_statistics(self, request: web.Request, call: Call) -> web.StreamResponse:
         call.name = request.match_info.get("name", "")
-        return rest.json_response(triton_model.statistics(self._registry, call.name,
-                                                          request.match_info.get("version", "")))
+        return rest.json_response(await triton_model.statistics(self._registry, call.name,
+                                                                request.match_info.get("version", ""), self._peers))
 
     @rest.rest_call("RepositoryIndex")
     async def repository_index(self, request: web.Request, call: Call) -> web.StreamResponse:

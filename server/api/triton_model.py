@@ -26,7 +26,7 @@ from server.core.inference import predictor_of, signature_of
 from server.core.model_config import CHECK_BASE, ModelSource, VersionPolicy
 from server.core.repository import IndexEntry, Repository
 from server.core.servables import Registry, Servable, State
-from server.core.statistics import Duration, VersionStatistics
+from server.core.statistics import Duration, PeerStatistics, VersionStatistics, combined
 from server.errors import InvalidInput, NotFound
 
 BACKEND = "tensorflow"
@@ -83,8 +83,8 @@ def _duration(duration: Duration) -> dict[str, int]:
     return {"count": duration.count, "ns": duration.ns}
 
 
-def _version_statistics(servable: Servable) -> dict[str, Any]:
-    stats: VersionStatistics = servable.statistics
+def _version_statistics(servable: Servable, others: list[VersionStatistics]) -> dict[str, Any]:
+    stats: VersionStatistics = combined(servable.statistics, others)
     return {
         "name": servable.name, "version": str(servable.version), "last_inference": stats.last_inference_ms,
         "inference_count": stats.inference_count, "execution_count": stats.execution_count,
@@ -98,9 +98,11 @@ def _version_statistics(servable: Servable) -> dict[str, Any]:
     }
 
 
-def statistics(registry: Registry, name: str, version_text: str) -> dict[str, Any]:
+async def statistics(registry: Registry, name: str, version_text: str, peers: PeerStatistics | None = None
+                     ) -> dict[str, Any]:
     """ModelStatisticsResponse: every loaded version of every model (no name), of one model (no
-    version), or one version. NotFound names what is loaded."""
+    version), or one version, over every front-end process (`peers`: the others'). NotFound names
+    what is loaded."""
     version = v2_model.parse_version(version_text, "version")
     if not name:
         if version is not None:
@@ -115,7 +117,8 @@ def statistics(registry: Registry, name: str, version_text: str) -> dict[str, An
         if not servables:
             loaded = ", ".join(str(v) for v in registry.models[name].available_versions()) or "none"
             raise NotFound(f"model '{name}' version {version} is not loaded; loaded versions: {loaded}")
-    return {"model_stats": [_version_statistics(s) for s in servables]}
+    others = await peers([s.id for s in servables]) if peers is not None and servables else {}
+    return {"model_stats": [_version_statistics(s, others.get(s.id, [])) for s in servables]}
 
 
 def index(repository: Repository, ready_only: bool) -> list[dict[str, str]]:

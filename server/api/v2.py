@@ -25,6 +25,7 @@ from server.config import server_version
 from server.core.inference import infer
 from server.core.repository import Repository
 from server.core.servables import Registry, Servable
+from server.core.statistics import PeerStatistics
 from server.errors import InvalidInput
 
 PROTOCOL = "v2"
@@ -32,9 +33,12 @@ SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 
 class V2Servicer(Admission):
     def __init__(self, registry: Registry, max_tensor_bytes: int, ready: Callable[[], bool],
-                 repository: Repository, control: Callable[[], ControlPlane]) -> None:
+                 repository: Repository, control: Callable[[], ControlPlane],
+                 peers: PeerStatistics | None = None) -> None:
         """`ready` says whether the server as a whole is ready (every start-up model serves and
-        no drain has begun), as health does; `control` who may load and unload models."""
+        no drain has begun), as health does; `control` who may load and unload models; `peers`
+        the other front-end processes' statistics."""
+        self._peers = peers
         super().__init__(Recorder(registry, PROTOCOL))
         self._registry = registry
         self._max_tensor_bytes = max_tensor_bytes
@@ -104,8 +108,8 @@ class V2Servicer(Admission):
     async def model_statistics(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
         request = parse(pb.ModelStatisticsRequest, raw)
         call.name = request.name
-        return json_format.ParseDict(triton_model.statistics(self._registry, request.name, request.version),
-                                     pb.ModelStatisticsResponse())
+        found = await triton_model.statistics(self._registry, request.name, request.version, self._peers)
+        return json_format.ParseDict(found, pb.ModelStatisticsResponse())
 
     @grpc_call("RepositoryIndex")
     async def repository_index(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:

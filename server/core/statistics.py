@@ -9,6 +9,7 @@ the batch-duration one. All times on time.perf_counter/time.monotonic, kept in i
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 
@@ -92,3 +93,32 @@ class VersionStatistics:
 
     def request_failed(self, seconds: float) -> None:
         self.fail.add(seconds)
+
+
+PeerStatistics = Callable[[list[int]], Awaitable[dict[int, list["VersionStatistics"]]]]
+"""What the other front-end processes hold of the given servables (by id): with several
+front-ends, each records the requests it answered, and a statistics call adds theirs up."""
+
+
+def combined(own: VersionStatistics, others: list[VersionStatistics]) -> VersionStatistics:
+    """One version's figures over every front-end process: counts and durations added, the
+    latest last inference."""
+    if not others:
+        return own
+    total = VersionStatistics()
+    for part in (own, *others):
+        total.last_inference_ms = max(total.last_inference_ms, part.last_inference_ms)
+        total.inference_count += part.inference_count
+        total.execution_count += part.execution_count
+        for name in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output"):
+            _add(getattr(total, name), getattr(part, name))
+        for size, batch in part.batches.items():
+            into = total.batches.setdefault(size, BatchSizeStatistics())
+            for name in ("compute_input", "compute_infer", "compute_output"):
+                _add(getattr(into, name), getattr(batch, name))
+    return total
+
+
+def _add(into: Duration, part: Duration) -> None:
+    into.count += part.count
+    into.ns += part.ns

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import multiprocessing
 import socket
@@ -28,14 +29,27 @@ from server.config import Settings
 from server.core.model_config import ModelSource
 from server.core.model_process import ModelProcess
 from server.core.servables import Registry
+from server.core.statistics import VersionStatistics
 from server.core.worker_channel import WorkerChannel
 from server.errors import ServingError
-from server.frontends.view import Applied, ApplySources, Drain, SourcesApplied, snapshot
+from server.frontends.view import (
+    Applied,
+    ApplySources,
+    Drain,
+    SourcesApplied,
+    StatisticsFound,
+    StatisticsWanted,
+    add_statistics,
+    own_statistics,
+    snapshot,
+)
 
 log = logging.getLogger("server.frontends.fleet")
 
 RESTART_S = 1.0
 """Wait before restarting a front-end that died (so a crash loop costs one spawn a second)."""
+STATISTICS_WAIT_S = 2.0
+"""Longest a statistics call waits for a front-end's figures (one that does not answer is left out)."""
 
 
 def _secondary_main(*args: Any) -> None:
@@ -51,9 +65,14 @@ class _Member:
     channel: WorkerChannel | None = None
     applied: int = -1
     waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
+    statistics: dict[int, asyncio.Future[dict[int, list[VersionStatistics]]]] = field(default_factory=dict)
     gone: bool = False
 
     def settle(self) -> None:
+        if self.gone:
+            for found in self.statistics.values():
+                if not found.done():
+                    found.set_result({})
         for seq, future in self.waiters:
             if (self.gone or self.applied >= seq) and not future.done():
                 future.set_result(None)
@@ -79,6 +98,7 @@ class Fleet:
         self._seq = 0
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._calls = itertools.count()
 
     @property
     def count(self) -> int:
@@ -117,8 +137,40 @@ class Fleet:
             member.settle()
         elif isinstance(message, ApplySources):
             self._spawn_task(self._apply_for(member, message))
+        elif isinstance(message, StatisticsFound):
+            found = member.statistics.pop(message.call, None)
+            if found is not None and not found.done():
+                found.set_result(message.found)
+        elif isinstance(message, StatisticsWanted):
+            self._spawn_task(self._statistics_for(member, message))
         else:
             log.error("unexpected message from front-end %d: %r", member.index, type(message).__name__)
+
+    async def statistics(self, ids: list[int], exclude: _Member | None = None) -> dict[int, list[VersionStatistics]]:
+        """The other front-ends' figures of these servables (all but the primary's, and but `exclude`)."""
+        loop = asyncio.get_running_loop()
+        waiting = []
+        for member in self._members.values():
+            if member is exclude or member.gone or member.channel is None:
+                continue
+            call = next(self._calls)
+            future: asyncio.Future[dict[int, list[VersionStatistics]]] = loop.create_future()
+            member.statistics[call] = future
+            member.channel.send(StatisticsWanted(call, tuple(ids)))
+            waiting.append(future)
+        gathered: dict[int, list[VersionStatistics]] = {}
+        if waiting:
+            done, _ = await asyncio.wait(waiting, timeout=STATISTICS_WAIT_S)
+            for future in done:
+                add_statistics(gathered, future.result())
+        return gathered
+
+    async def _statistics_for(self, member: _Member, wanted: StatisticsWanted) -> None:
+        """A statistics call on another front-end: everyone's figures but its own."""
+        found = await self.statistics(list(wanted.ids), exclude=member)
+        add_statistics(found, own_statistics(self._registry, wanted.ids))
+        if member.channel is not None and not member.gone:
+            member.channel.send(StatisticsFound(wanted.call, found))
 
     async def _apply_for(self, member: _Member, call: ApplySources) -> None:
         try:

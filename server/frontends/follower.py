@@ -21,8 +21,12 @@ from server.core.lifecycle import Runner, batcher_for, retire
 from server.core.model_config import ModelSource
 from server.core.prediction import Predictor
 from server.core.servables import Model, Registry, Servable, State
+from server.core.statistics import VersionStatistics
 from server.errors import Unavailable
-from server.frontends.view import ApplySources, SourcesApplied, View
+from server.frontends.view import ApplySources, SourcesApplied, StatisticsFound, StatisticsWanted, View
+
+STATISTICS_WAIT_S = 3.0
+"""Longest a statistics call waits for the other front-ends' figures through the primary."""
 
 log = logging.getLogger("server.frontends.follower")
 
@@ -100,6 +104,7 @@ class RemoteModels:
         self._registry = registry
         self._calls = itertools.count()
         self._waiting: dict[int, asyncio.Future[SourcesApplied]] = {}
+        self._statistics: dict[int, asyncio.Future[dict[int, list[VersionStatistics]]]] = {}
 
     def sources(self) -> list[ModelSource]:
         models = self._registry.models
@@ -123,7 +128,29 @@ class RemoteModels:
         if future is not None and not future.done():
             future.set_result(answer)
 
+    async def statistics(self, ids: list[int]) -> dict[int, list[VersionStatistics]]:
+        """Every other front-end's figures of these servables, gathered by the primary."""
+        call = next(self._calls)
+        future: asyncio.Future[dict[int, list[VersionStatistics]]] = asyncio.get_running_loop().create_future()
+        self._statistics[call] = future
+        self._send(StatisticsWanted(call, tuple(ids)))
+        try:
+            async with asyncio.timeout(STATISTICS_WAIT_S):
+                return await future
+        except TimeoutError:
+            return {}
+        finally:
+            self._statistics.pop(call, None)
+
+    def statistics_found(self, answer: StatisticsFound) -> None:
+        future = self._statistics.get(answer.call)
+        if future is not None and not future.done():
+            future.set_result(answer.found)
+
     def lost(self, why: str) -> None:
+        for found in self._statistics.values():
+            if not found.done():
+                found.set_result({})
         for future in self._waiting.values():
             if not future.done():
                 future.set_exception(Unavailable(f"the primary front-end is gone ({why}); retry"))

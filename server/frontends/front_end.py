@@ -29,6 +29,7 @@ from server.config import Settings
 from server.core.example_methods import ExampleMethods
 from server.core.repository import Repository
 from server.core.servables import Registry
+from server.core.statistics import PeerStatistics
 from server.grpc_options import grpc_options
 
 
@@ -76,7 +77,7 @@ class FrontEnd:
 
     def __init__(self, settings: Settings, registry: Registry, *, ready: Callable[[], bool],
                  models: Callable[[], Any], control: Callable[[], ControlPlane],
-                 metrics_paths: tuple[str, ...]) -> None:
+                 metrics_paths: tuple[str, ...], peers: PeerStatistics | None = None) -> None:
         self.settings = settings
         self.registry = registry
         self.health = Health((tfs.SERVICE.full_name, tfs_model_service.SERVICE.full_name, v2.SERVICE.full_name))
@@ -89,12 +90,12 @@ class FrontEnd:
         self.repository = Repository(registry, models, settings.model_repository, settings.model_control_mode)
         servicer = tfs.PredictionServicer(registry, settings.max_message_bytes, self.examples, self.logs,
                                           typed_outputs=not settings.tensor_content_outputs)
-        v2_servicer = v2.V2Servicer(registry, settings.max_message_bytes, ready, self.repository, control)
+        v2_servicer = v2.V2Servicer(registry, settings.max_message_bytes, ready, self.repository, control, peers)
         rest_timeout_s = settings.rest_api_timeout_ms / 1000 if settings.rest_api_timeout_ms > 0 else None
         tfs_rest = rest_tfs.TfsRest(registry, settings.max_message_bytes, self.decoder, self.examples.methods,
                                     rest_timeout_s, self.logs)
         v2_rest = rest_v2.V2Rest(registry, settings.max_message_bytes, ready, self.decoder, self.repository, control,
-                                 rest_timeout_s)
+                                 rest_timeout_s, peers)
         self.front_ends = (servicer, v2_servicer, tfs_rest, v2_rest)
         self.server = grpc.aio.server(options=grpc_options(settings))
         tfs.add_to_server(servicer, self.server, self.limit)

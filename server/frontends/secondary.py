@@ -25,7 +25,15 @@ from server.core.servables import Registry
 from server.core.worker_channel import WorkerChannel
 from server.frontends.follower import Follower, RemoteModels
 from server.frontends.front_end import FrontEnd
-from server.frontends.view import Applied, Drain, SourcesApplied, View
+from server.frontends.view import (
+    Applied,
+    Drain,
+    SourcesApplied,
+    StatisticsFound,
+    StatisticsWanted,
+    View,
+    own_statistics,
+)
 
 log = logging.getLogger("server.frontends.secondary")
 
@@ -77,6 +85,10 @@ async def _serve(settings: Settings, index: int, primary_sock: socket.socket, wo
             models.answered(message)
         elif isinstance(message, Drain):
             stop(message.delay_s)
+        elif isinstance(message, StatisticsWanted):
+            channel.send(StatisticsFound(message.call, own_statistics(registry, message.ids)))
+        elif isinstance(message, StatisticsFound):
+            models.statistics_found(message)
         else:
             log.error("unexpected message from the primary front-end: %r", type(message).__name__)
 
@@ -89,7 +101,8 @@ async def _serve(settings: Settings, index: int, primary_sock: socket.socket, wo
     channel = await WorkerChannel.open(primary_sock, on_message, on_lost)
     models = RemoteModels(channel.send, follower, registry)
     front = FrontEnd(settings, registry, ready=lambda: serving[0] and not stopping.is_set(),
-                     models=lambda: models, control=lambda: control, metrics_paths=metrics_paths)
+                     models=lambda: models, control=lambda: control, metrics_paths=metrics_paths,
+                     peers=models.statistics)
     await front.open(*ports)
 
     async def follow() -> None:

@@ -18,6 +18,7 @@ from server.core.batching_policy import BatchingPolicy
 from server.core.model_config import ModelSource
 from server.core.servables import Registry, State
 from server.core.signatures import ModelInfo, SignatureDefinition
+from server.core.statistics import VersionStatistics
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,32 @@ class SourcesApplied:
     problems: tuple[str, ...]
     error: str | None = None
     """Why the primary could not apply them (then `problems` is empty)."""
+
+
+@dataclass(frozen=True)
+class StatisticsWanted:
+    """Each front-end records the requests it answered; a statistics call (ModelStatistics) adds
+    up every front-end's figures of these servables. Asked of the primary by another front-end,
+    it means "everyone's but mine"; asked of another front-end by the primary, "yours"."""
+
+    call: int
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StatisticsFound:
+    call: int
+    found: dict[int, list[VersionStatistics]]
+
+
+def own_statistics(registry: Registry, ids: tuple[int, ...]) -> dict[int, list[VersionStatistics]]:
+    wanted = set(ids)
+    return {s.id: [s.statistics] for m in registry.models.values() for s in m.versions.values() if s.id in wanted}
+
+
+def add_statistics(into: dict[int, list[VersionStatistics]], found: dict[int, list[VersionStatistics]]) -> None:
+    for servable, statistics in found.items():
+        into.setdefault(servable, []).extend(statistics)
 
 
 @dataclass(frozen=True)
