@@ -22,7 +22,7 @@ GPU_STAMP := $(VENV)/.installed-gpu
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test bench versus soak gpu-check lint typecheck protos protos-check clean prometheus image
+.PHONY: serve test bench bench-frontends versus soak gpu-check lint typecheck protos protos-check clean prometheus image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,12 @@ test: $(STAMP) $(OFFICIAL_STAMP) $(TRITON_STAMP) $(PERF_STAMP) prometheus
 # The performance tables and goals (build/bench/results.md): about 30 minutes; run it on a quiet machine.
 bench: $(STAMP) $(PERF_STAMP)
 	PERF_ANALYZER=$(abspath $(PERF))/perf_analyzer $(PY) -m bench.suite $(BENCH_ARGS)
+	PERF_ANALYZER=$(abspath $(PERF))/perf_analyzer $(PY) -m bench.frontends --out build/bench $(FRONTENDS_ARGS)
+
+# The front-ends table alone (build/bench/frontends-mlp.md; about 6 minutes): --frontends 1, 2 and 4
+# driven by perf_analyzer, a connection per caller (bench/frontends.py).
+bench-frontends: $(STAMP) $(PERF_STAMP)
+	PERF_ANALYZER=$(abspath $(PERF))/perf_analyzer $(PY) -m bench.frontends --out build/bench $(FRONTENDS_ARGS)
 
 # This build against another revision, or against itself with other flags, served side by side and
 # measured in turns (bench/versus.py), e.g. make versus REV=main VERSUS_ARGS="--model cnn

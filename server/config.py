@@ -412,7 +412,7 @@ def _from_environment(action: argparse.Action, raw: str) -> object:
     return action.type(raw) if callable(action.type) else raw
 
 
-AUTO_FRONTENDS_HELP = "one per usable core, at most 8"
+AUTO_FRONTENDS_HELP = "1 up to 2 usable cores, else one per 2 cores, at most 8"
 AUTO_FRONTENDS_MAX = 8
 
 
@@ -436,12 +436,15 @@ def usable_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> float:
 
 
 def auto_frontends(cores: float) -> int:
-    """--frontends auto: one front-end process per usable core (rounded up), at most
-    AUTO_FRONTENDS_MAX. Why, measured in docs/performance.md: a front-end is one Python process
-    that saturates one core; the model worker's threads and a front-end's share of calls then
-    balance over the cores. Past a few the front-ends add memory (about 70 MB each) and scatter
-    batches over more queues, for a gain that a 16-core machine's GPUs, not its cores, decide."""
-    return max(1, min(AUTO_FRONTENDS_MAX, math.ceil(cores)))
+    """--frontends auto: one front-end up to 2 usable cores, else one per 2 cores, at most
+    AUTO_FRONTENDS_MAX. Why: one front-end saturates one core, and N of them only pay off with
+    cores to spare beside the model worker and the clients. On 2 cores (docs/performance.md) 2
+    front-ends matched 1 (0.91-1.05x req/s at 64 callers) at 20-35% more front-end CPU a request:
+    smaller batches per front-end, and metrics written to shared files. Above 2 cores, half of them
+    leaves the other half to the worker's threads (not measured yet on such a machine)."""
+    if cores <= 2:
+        return 1
+    return max(1, min(AUTO_FRONTENDS_MAX, math.floor(cores / 2)))
 
 
 def _frontends(text: str) -> int | str:

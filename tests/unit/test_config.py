@@ -313,10 +313,10 @@ def test_frontends_is_a_count_or_auto(capsys: pytest.CaptureFixture[str]) -> Non
     assert "--frontends" in capsys.readouterr().err
 
 
-def test_auto_frontends_is_one_per_usable_core_capped(tmp_path: Path) -> None:
+def test_auto_frontends_is_one_up_to_two_cores_then_one_per_two(tmp_path: Path) -> None:
     from server.config import auto_frontends, usable_cores
 
-    assert [auto_frontends(c) for c in (0.5, 1, 1.5, 2, 16, 64)] == [1, 1, 2, 2, 8, 8]
+    assert [auto_frontends(c) for c in (0.5, 1, 1.5, 2, 3, 4, 7, 16, 64)] == [1, 1, 1, 1, 1, 2, 3, 8, 8]
     (tmp_path / "cpu.max").write_text("150000 100000\n")  # a container limited to 1.5 cores
     assert usable_cores(tmp_path) == min(1.5, len(os.sched_getaffinity(0)))
     (tmp_path / "cpu.max").write_text("max 100000\n")
