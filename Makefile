@@ -86,9 +86,9 @@ versus: $(STAMP)
 
 # The replica path on a real GPU (bench/gpu_check.py; about 5 minutes): one table, exit 1 on a
 # failed check. Without a GPU, a dry run on 2 logical CPU devices (`make test` runs it short).
-gpu-check: $(GPU_STAMP) $(OFFICIAL_STAMP) $(TRITON_STAMP)
+gpu-check: $(GPU_STAMP) $(OFFICIAL_STAMP) $(TRITON_STAMP) $(PERF_STAMP)
 	OFFICIAL_CLIENT_PATH=$(abspath $(OFFICIAL)) TRITON_CLIENT_PATH=$(abspath $(TRITON)) \
-	  PYTHONUNBUFFERED=1 $(PY) -m bench.gpu_check $(GPU_CHECK_ARGS)
+	  PERF_ANALYZER=$(abspath $(PERF))/perf_analyzer PYTHONUNBUFFERED=1 $(PY) -m bench.gpu_check $(GPU_CHECK_ARGS)
 
 # Full-length load tests: the same tests `make test` runs short.
 soak: $(STAMP)

@@ -15,9 +15,11 @@ installs the `gpu` extra and the official clients first).
    one row, fewer than the replicas: it runs on one replica while the other idles.
 4. memory: the GPU memory the server's model worker holds after each of 5 load/unload cycles of
    a model (TensorFlow's memory growth on, one replica), which must stay flat.
+5. front-ends: req/s, p50 and CPU at --frontends 1, 2, 4 and 8 on the mlp (bench.frontends), on
+   the machine's cores; reported, judged only by every call being answered.
 
 Without a GPU it is a dry run, and says so in its first line: checks 2 and 3 on two logical CPU
-devices, 1 and 4 skipped. `--short` (what `make test` runs, dry) keeps each check small.
+devices, 1, 4 and 5 skipped. `--short` (what `make test` runs, dry) keeps each check small.
 
 usage: python -m bench.gpu_check [--short] [--out DIR]
 """
@@ -260,7 +262,30 @@ def run(plan: Plan) -> tuple[list[Check], list[str]]:
 
     checks.append(guarded("3 throughput", measured))
     checks.append(guarded("4 memory", lambda: check_memory(plan, bases["mlp"])))
+
+    def swept() -> Check:
+        check, rows = check_frontends(plan)
+        table.extend(rows)
+        return check
+
+    checks.append(guarded("5 front-ends", swept))
     return checks, table
+
+
+def check_frontends(plan: Plan) -> tuple[Check, list[str]]:
+    """--frontends 1, 2, 4 and 8 on the GPU machine's cores (bench.frontends: perf_analyzer, a
+    connection per caller): the sweep the 2-core machine cannot show. Reported, not judged: it
+    fails only if a run fails."""
+    if not plan.gpu:
+        return Check("5 front-ends", None, "GPU machine only; `make bench-frontends` measures 1, 2, 4 here"), []
+    from bench import frontends
+
+    out = plan.out / "frontends"
+    frontends.main(["--model", "mlp", "--frontends", "1,2,4,8", "--concurrency", "1,64", "--repeat", "1",
+                    "--out", str(out)])
+    rows = (out / "frontends-mlp.md").read_text().splitlines()
+    wide = [r for r in rows if r.startswith("| 64 | 8 |")]
+    return Check("5 front-ends", True, wide[0] if wide else "see the table"), ["", *rows]
 
 
 def guarded(name: str, check: Callable[[], Check]) -> Check:
@@ -284,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     if plan.gpu:
         print(f"gpu-check on {len(cards)} GPU(s): {', '.join(cards)}", flush=True)
     else:
-        print("gpu-check DRY RUN: no GPU here; checks 2-3 run on 2 logical CPU devices, 1 and 4 are skipped",
+        print("gpu-check DRY RUN: no GPU here; checks 2-3 run on 2 logical CPU devices, 1, 4 and 5 are skipped",
               flush=True)
     checks, table = run(plan)
     print("\n| check | result | detail |\n|---|---|---|")
