@@ -21,9 +21,11 @@ from tests.integration.conftest import ROOT, SERVING, start_server
 
 
 def worker_of(pid: int) -> int:
-    """The server's model worker (its other child is multiprocessing's resource tracker)."""
+    """The server's model worker: the spawned child with TensorFlow (the others are
+    multiprocessing's resource tracker and, with --frontends, the other front-ends)."""
     children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    (worker,) = [c for c in children if b"multiprocessing.spawn" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    (worker,) = [c for c in children if b"multiprocessing.spawn" in Path(f"/proc/{c}/cmdline").read_bytes()
+                 and "libtensorflow" in Path(f"/proc/{c}/maps").read_text()]
     return worker
 
 
