@@ -219,7 +219,11 @@ VERSION_GAUGES = (QUEUE_ROWS, QUEUE_ROWS_LIMIT, QUEUE_REQUESTS, BATCHES_IN_FLIGH
 
 
 def forget_version(model: str, version: str) -> None:
-    """Remove an unloaded version's gauges (its counters stay, so rates stay right)."""
+    """Remove an unloaded version's gauges (its counters stay, so rates stay right). With several
+    front-ends prometheus_client cannot remove a series from the processes' files: the gauges stay,
+    at the values the version left (mirrorserve_model_ready 0, empty queues)."""
+    if MULTIPROCESS:
+        return
     for gauge in VERSION_GAUGES:
         with contextlib.suppress(KeyError):
             gauge.remove(model, version)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -225,3 +226,57 @@ def test_sigterm_drains_every_front_end_under_load_and_exits_0(model_dirs: dict[
     assert len(drained) == 2, log[-3000:]  # the primary and front-end 1
     accepted, answered = (sum(int(d[i]) for d in drained) for i in (0, 1))
     assert accepted == answered == codes["OK"], (drained, codes)
+
+
+def test_a_control_call_on_any_front_end_is_applied_once_and_routed_by_all_when_it_returns(
+        model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    from protos.inference import grpc_service_pb2 as v2
+    from protos.inference import grpc_service_pb2_grpc as v2_grpc
+
+    repository = tmp_path / "models"
+    for name in ("demo", "echo"):
+        shutil.copytree(model_dirs[name], repository / name)
+    (tmp_path / "tokens").write_text("tester secret\n")
+    server = start_server(["--model-repository", str(repository), "--model-control-mode", "explicit",
+                           "--load-model", "demo", "--enable-model-management", "--admin-token-file",
+                           str(tmp_path / "tokens"), "--frontends", "2", "--drain-delay-s", "0",
+                           "--file-system-poll-wait-seconds", "0"], tmp_path / "server.log")
+    auth = (("authorization", "Bearer secret"),)
+    try:
+        primary = server.process.pid
+        stubs: dict[bool, list[Any]] = {True: [], False: []}  # by whether the primary holds the connection
+        known: set[int] = set()
+        for _ in range(16):
+            channel = own_channel(server)
+            stub = v2_grpc.GRPCInferenceServiceStub(channel)
+            stub.ServerReady(v2.ServerReadyRequest(), timeout=10)
+            (client_port, pid), = connection_owner(server.port, known).items()
+            known.add(client_port)
+            stubs[pid == primary].append(stub)
+            if stubs[True] and stubs[False]:
+                break
+        assert stubs[True] and stubs[False], "no connection reached the second front-end"
+
+        def echo_ready(stub: Any) -> bool:
+            return bool(stub.ModelReady(v2.ModelReadyRequest(name="echo"), timeout=10).ready)
+
+        def echo(stub: Any, value: int) -> int:
+            request = v2.ModelInferRequest(model_name="echo")
+            tensor = request.inputs.add(name="x", datatype="INT64", shape=[1, 2])
+            tensor.contents.int64_contents.extend([value, 1])
+            answer = stub.ModelInfer(request, timeout=30)
+            return int(np.frombuffer(answer.raw_output_contents[0], np.int64)[0])
+
+        for via in (stubs[False][0], stubs[True][0]):  # through the other front-end, then the primary
+            assert not echo_ready(stubs[True][0]) and not echo_ready(stubs[False][0])
+            via.RepositoryModelLoad(v2.RepositoryModelLoadRequest(model_name="echo"), metadata=auth, timeout=120)
+            for stub in (stubs[True][0], stubs[False][0]):  # routed by every front-end once the call returns
+                assert echo_ready(stub)
+                assert echo(stub, 7) == 7
+            via.RepositoryModelUnload(v2.RepositoryModelUnloadRequest(model_name="echo"), metadata=auth,
+                                      timeout=120)
+            assert not echo_ready(stubs[True][0]) and not echo_ready(stubs[False][0])
+        log = server.log()
+        assert log.count(": loading model=echo") == 2 and log.count(": unloaded model=echo") == 2, log[-3000:]
+    finally:
+        assert server.stop() == 0
