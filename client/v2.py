@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from protos.inference import grpc_service_pb2
-from server.api.v2_codec import encode_raw
+from server.api.v2.codec import encode_raw
 
 INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
 

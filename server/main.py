@@ -8,7 +8,7 @@ AVAILABLE version, health turns SERVING and one start-up line is logged. From th
 server.core.lifecycle polls version folders (and the config file) and rolls versions in and out. If
 the worker dies, the server drains and exits 1, so the orchestrator restarts both.
 
-HTTP (server.api.rest: both REST APIs and /metrics) opens beside gRPC, on the same event loop,
+HTTP (server.api.http.server: both REST APIs and /metrics) opens beside gRPC, on the same event loop,
 before the models load.
 
 Stop (SIGTERM or SIGINT), in the order of architecture.md, example 9: health NOT_SERVING (and

@@ -2,7 +2,7 @@
 (--max-concurrent-rpcs, over gRPC and REST together), counting the inference calls that reached a
 handler and left it (for the drain), refusing new ones once a drain refuses, timing and recording
 every call and ending a failed one through the one status table (`grpc_call`, and `rest_call` in
-server.api.rest), and the client's deadline on the server's clock."""
+server.api.http.server), and the client's deadline on the server's clock."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from server.errors import (
     UnsupportedEncoding,
 )
 
-log = logging.getLogger("server.api.tfs")
+log = logging.getLogger("server.api.tfserving.grpc_service")
 
 STATUS_FOR: dict[type[ServingError], grpc.StatusCode] = {
     InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,

@@ -34,7 +34,7 @@ from protos.tf.tensorflow.core.protobuf import error_codes_pb2
 from protos.tf.tensorflow.core.protobuf.error_codes_pb2 import DATA_LOSS, INTERNAL, INVALID_ARGUMENT
 from server import codec, metrics, tfrecords
 from server.api.status import STATUS_FOR
-from server.api.tfs_examples import ExampleCalls
+from server.api.tfserving.examples import ExampleCalls
 from server.core.example_methods import CLASSIFY, REGRESS
 from server.core.inference import infer
 from server.core.model_process import LoadError

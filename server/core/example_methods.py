@@ -12,7 +12,7 @@ those by their shape). Either way a signature of another shape is refused, namin
 
 The examples of concurrent calls share batches like any request's rows: the batch key is the
 signature and the input's (empty) trailing shape. Each example must already have passed the checks
-of server.api.tf_example, so one bad example cannot fail its neighbours' batch.
+of server.api.tfserving.tf_example, so one bad example cannot fail its neighbours' batch.
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ class Fleet:
             target=_secondary_main,
             args=(self._settings, index, theirs, worker_sock, worker_handles, self._worker.pid, self._ports,
                   self._devices, self._control, self._metrics_paths),
-            # Not a daemon: a front-end starts a helper process of its own (server.api.rest_body) for
+            # Not a daemon: a front-end starts a helper process of its own (server.api.http.body) for
             # large REST bodies. It exits by itself when the primary's socket closes.
             name=f"mirrorserve-frontend-{index}", daemon=False)
         member = _Member(index, process)

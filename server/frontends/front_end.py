@@ -18,13 +18,18 @@ from typing import Any
 
 import grpc
 
-from server.api import rest, rest_tfs, rest_v2, tfs, tfs_model_service, v2
 from server.api.admission import ConcurrencyLimit
 from server.api.control import ControlPlane
 from server.api.health import Health, add_health_and_reflection
+from server.api.http import server as rest
+from server.api.http.body import MAX_WAITING, BodyDecoder
 from server.api.request_log import RequestLogs
-from server.api.rest_body import MAX_WAITING, BodyDecoder
-from server.api.tfs_examples import ExampleCalls
+from server.api.tfserving import grpc_service as tfs
+from server.api.tfserving import model_service as tfs_model_service
+from server.api.tfserving import rest as rest_tfs
+from server.api.tfserving.examples import ExampleCalls
+from server.api.v2 import grpc_service as v2
+from server.api.v2 import rest as rest_v2
 from server.config import Settings
 from server.core.example_methods import ExampleMethods
 from server.core.repository import Repository

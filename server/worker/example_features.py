@@ -5,7 +5,7 @@ example (a missing feature, a wrong type) would fail the whole batch it shares w
 requests, and TensorFlow's message names neither the request nor the example. So at load the
 worker reads the parse spec out of the graph: every ParseExample / ParseExampleV2 node, in the
 signature's graph and the functions it calls, with its constant key and default inputs. The
-serving process then checks each example against it before batching (server.api.tf_example).
+serving process then checks each example against it before batching (server.api.tfserving.tf_example).
 
 What cannot be read for sure gives None, and the examples then go to the model unchecked: another
 parse op (ParseSingleExample, ParseSequenceExample, DecodeProto), keys that are not constants, or

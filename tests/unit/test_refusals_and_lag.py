@@ -9,8 +9,8 @@ import grpc
 import pytest
 
 from server import loop_lag
+from server.api.http.server import route_of
 from server.api.refusals import RefusalLog
-from server.api.rest import route_of
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""server.api.rest_body on a real socket: bodies read within the limit, gzip and deflate
+"""server.api.http.body on a real socket: bodies read within the limit, gzip and deflate
 decompressed a bounded piece at a time, a compressed bomb refused at the limit with the connection
 closed, unknown encodings refused before reading; and the helper process that decodes large
 bodies off the event loop."""
@@ -18,8 +18,8 @@ from aiohttp import web
 
 from server import event_loop
 from server.api.admission import ConcurrencyLimit
-from server.api.rest import RestServer, build_app, error_response
-from server.api.rest_body import BodyDecoder, read_body
+from server.api.http.body import BodyDecoder, read_body
+from server.api.http.server import RestServer, build_app, error_response
 from server.errors import Overloaded, ServingError
 
 LIMIT = 1 << 20
@@ -174,7 +174,7 @@ def test_bodies_wait_for_the_helper_within_a_byte_budget() -> None:
 
 def test_bodies_of_every_size_around_a_piece_inflate_whole() -> None:
     """Sizes on and around the 1 MiB piece, in gzip, zlib-wrapped and raw deflate."""
-    from server.api import rest_body
+    from server.api.http import body as rest_body
 
     async def inflate(encoding: str, body: bytes) -> bytes:
         inflater = rest_body._decompressor(encoding, body)

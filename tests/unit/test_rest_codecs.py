@@ -1,12 +1,14 @@
-"""The REST codecs, exactly: JSON tensors (server.api.json_codec), TF Serving's row and columnar
-formats (server.api.tfs_json), and the v2 REST body with the binary extension (server.api.v2_json)."""
+"""The REST codecs, exactly: JSON tensors (server.api.http.json_codec), TF Serving's row and columnar
+formats (server.api.tfserving.rest_json), and the v2 REST body with the binary extension (server.api.v2.rest_json)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from server.api import json_codec, tfs_json, v2_json
+from server.api.http import json_codec
+from server.api.tfserving import rest_json as tfs_json
+from server.api.v2 import rest_json as v2_json
 from server.core.signatures import TensorSpec
 from server.errors import InvalidInput
 
@@ -119,7 +121,7 @@ def test_v2_responses_json_or_binary() -> None:
 
 
 def test_json_has_no_complex_numbers_either_way() -> None:
-    from server.api.json_codec import array_from_json, array_to_json
+    from server.api.http.json_codec import array_from_json, array_to_json
 
     with pytest.raises(InvalidInput, match="a complex64 output cannot be written as JSON"):
         array_to_json(np.array([1 + 2j], np.complex64))

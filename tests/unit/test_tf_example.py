@@ -1,5 +1,5 @@
-"""The checks on Classify / Regress examples (server.api.tf_example), the REST JSON form of examples
-(server.api.tf_example_json), and TF Serving's signature and output rules
+"""The checks on Classify / Regress examples (server.api.tfserving.tf_example), the REST JSON form of examples
+(server.api.tfserving.tf_example_json), and TF Serving's signature and output rules
 (server.core.example_methods). The checks are held to TensorFlow's own: on random examples, good
 and broken, a check passes exactly when tf.io.parse_example does, with the spec read out of the
 graph by the model worker's own code."""
@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from protos.tensorflow_serving import serialized_input_pb2
-from server.api import tf_example, tf_example_json
+from server.api.tfserving import tf_example, tf_example_json
 from server.core.example_methods import CLASSIFY, REGRESS, ExampleMethods, check_classification, check_regression
 from server.core.inference import Inference
 from server.core.prediction import Predictor

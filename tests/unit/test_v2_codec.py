@@ -1,4 +1,4 @@
-"""server.api.v2_codec: Open Inference Protocol tensors decoded exactly, refusals named."""
+"""server.api.v2.codec: Open Inference Protocol tensors decoded exactly, refusals named."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from server.api.v2_codec import BY_NAME, datatype_of, decode_contents, decode_raw, encode_raw
+from server.api.v2.codec import BY_NAME, datatype_of, decode_contents, decode_raw, encode_raw
 from server.errors import InvalidInput
 from server.limits import STRING_ELEMENT_BYTES
 

@@ -31,7 +31,7 @@ from google.protobuf.message import DecodeError
 
 from protos.tensorflow_serving import serialized_input_pb2
 from protos.tf.tensorflow.core.example import example_pb2
-from server.api.rest_body import BodyDecoder
+from server.api.http.body import BodyDecoder
 from server.core.signatures import ExampleFeature
 from server.errors import InvalidInput
 from server.limits import STRING_ELEMENT_BYTES, check_bytes

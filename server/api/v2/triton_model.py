@@ -19,8 +19,9 @@ from google.protobuf import json_format
 
 from protos.inference import model_config_pb2
 from protos.tensorflow_serving import session_bundle_config_pb2
-from server.api import v2_codec, v2_model
 from server.api.control import ControlPlane
+from server.api.v2 import codec as v2_codec
+from server.api.v2 import model as v2_model
 from server.core import batching_policy
 from server.core.inference import predictor_of, signature_of
 from server.core.model_config import CHECK_BASE, ModelSource, VersionPolicy

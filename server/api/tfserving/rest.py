@@ -6,8 +6,8 @@
     POST /v1/models/NAME[/versions/N | /labels/L]:classify   {"examples": [...], "context": {...}}
     POST /v1/models/NAME[/versions/N | /labels/L]:regress    the same
 
-It only translates, like its gRPC twin (server.api.tfs): the URL to a servable, the JSON
-(server.api.tfs_json, server.api.tf_example_json) to named arrays or examples, one call into the
+It only translates, like its gRPC twin (server.api.tfserving.grpc_service): the URL to a servable, the JSON
+(server.api.tfserving.rest_json, server.api.tfserving.tf_example_json) to named arrays or examples, one call into the
 same core, so REST and gRPC requests of a model share its batches.
 """
 
@@ -19,13 +19,17 @@ from typing import Any
 from aiohttp import web
 from google.protobuf import json_format
 
-from server.api import request_log, request_timing, rest, tf_example, tf_example_json, tfs_examples, tfs_json
+from server.api import request_log, request_timing
 from server.api.admission import Call
+from server.api.http import server as rest
+from server.api.http.body import BodyDecoder, read_body
 from server.api.recording import Recorder
 from server.api.request_log import RequestLogs
-from server.api.rest_body import BodyDecoder, read_body
-from server.api.tfs import response_spec, signature_def_map
-from server.api.tfs_model_service import model_status
+from server.api.tfserving import examples as tfs_examples
+from server.api.tfserving import rest_json as tfs_json
+from server.api.tfserving import tf_example, tf_example_json
+from server.api.tfserving.grpc_service import response_spec, signature_def_map
+from server.api.tfserving.model_service import model_status
 from server.core.example_methods import CLASSIFY, REGRESS, ExampleMethods
 from server.core.inference import infer, predictor_of
 from server.core.servables import Registry, Servable

@@ -23,7 +23,7 @@ from server.api.admission import Admission, Call, ConcurrencyLimit, add_limited_
 from server.api.control import ControlPlane, grpc_credentials
 from server.api.recording import Recorder
 from server.api.status import parse
-from server.api.tfs import PROTOCOL, version_choice
+from server.api.tfserving.grpc_service import PROTOCOL, version_choice
 from server.core.lifecycle import Lifecycle, check_sources
 from server.core.model_config import ConfigError, from_proto
 from server.core.servables import Registry

@@ -1,11 +1,11 @@
-"""HTTP on --rest-api-port: TensorFlow Serving's REST API (/v1, server.api.rest_tfs), the Open
-Inference Protocol's (/v2, server.api.rest_v2) and the Prometheus page (/metrics, and TF Serving's
+"""HTTP on --rest-api-port: TensorFlow Serving's REST API (/v1, server.api.tfserving.rest), the Open
+Inference Protocol's (/v2, server.api.v2.rest) and the Prometheus page (/metrics, and TF Serving's
 /monitoring/prometheus/metrics), served by aiohttp on the server's own event loop.
 
 What both REST APIs share lives here: JSON answers and `{"error": "..."}` failures with the HTTP
 status of the one status table (server.api.status), the client's deadline from the `Grpc-Timeout`
 header (gRPC's own format, as grpc-gateway reads it), and the bound on requests handled at once
-(shared with gRPC). Bodies are read by server.api.rest_body; aiohttp does not decompress them, reads and
+(shared with gRPC). Bodies are read by server.api.http.body; aiohttp does not decompress them, reads and
 drops one a handler refused unread before it closes the connection (for up to LINGER_S), and a request it
 cannot parse is counted and logged as a refusal, without a traceback.
 """
@@ -27,8 +27,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server import metrics
-from server.api import json_codec
 from server.api.admission import Admission, Call, ConcurrencyLimit
+from server.api.http import json_codec
 from server.api.recording import Recorder
 from server.api.refusals import count_refusal
 from server.api.status import http_status_for
@@ -228,7 +228,7 @@ def _listening_socket(host: str, port: int, reuse_port: bool = False) -> socket.
 
 class RestServer:
     def __init__(self, app: web.Application) -> None:
-        # auto_decompress off: server.api.rest_body decompresses, bounded. A body a handler
+        # auto_decompress off: server.api.http.body decompresses, bounded. A body a handler
         # refused unread is read and dropped (never decompressed) after the answer, for up to
         # LINGER_S, before the connection closes: closing with bytes unread resets it, and a
         # client still sending (as most HTTP/1.1 clients do before they read) would get that

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from server.api import json_codec
+from server.api.http import json_codec
 from server.core.signatures import DEFAULT_SIGNATURE, TensorSpec
 from server.dtypes import tf_name
 from server.errors import InvalidInput
@@ -53,7 +53,7 @@ def decode_predict_body(raw: bytes, signatures: Mapping[str, Mapping[str, Tensor
     """(signature name, row format, named arrays) of a predict body, given the input specs of each
     signature that may be asked for; the arrays are None when the body asks for another (the
     caller then says why it cannot be served). Pure and picklable: large bodies are decoded in a
-    helper process (server.api.rest_body)."""
+    helper process (server.api.http.body)."""
     signature_name, value, row_format = parse_predict(json_codec.loads(raw))
     specs = signatures.get(signature_name or DEFAULT_SIGNATURE)
     if specs is None:

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from server.api import json_codec, v2_codec
+from server.api.http import json_codec
+from server.api.v2 import codec as v2_codec
 from server.errors import InvalidInput
 from server.limits import ascii_int64, check_array
 
@@ -53,7 +54,7 @@ def split_body(raw: bytes, header_length: str | None) -> tuple[bytes, memoryview
 
 def decode_infer_body(raw: bytes, header_length: str | None, max_bytes: int) -> InferRequest:
     """The request of a whole body (JSON, or JSON and binary tensors). Pure and picklable: large
-    bodies are decoded in a helper process (server.api.rest_body)."""
+    bodies are decoded in a helper process (server.api.http.body)."""
     header, binary = split_body(raw, header_length)
     return parse_infer(json_codec.loads(header), binary, max_bytes)
 

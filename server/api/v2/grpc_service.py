@@ -16,11 +16,14 @@ import grpc
 from google.protobuf import json_format
 
 from protos.inference import grpc_service_pb2 as pb
-from server.api import request_timing, triton_model, v2_codec, v2_model
+from server.api import request_timing
 from server.api.admission import Admission, Call, ConcurrencyLimit, add_limited_handlers, deadline_of, grpc_call
 from server.api.control import ControlPlane, grpc_credentials
 from server.api.recording import Recorder
 from server.api.status import parse
+from server.api.v2 import codec as v2_codec
+from server.api.v2 import model as v2_model
+from server.api.v2 import triton_model
 from server.config import server_version
 from server.core.inference import infer
 from server.core.repository import Repository

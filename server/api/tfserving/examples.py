@@ -1,5 +1,5 @@
 """TF Serving's Classify, Regress and MultiInference messages <-> the core's ExampleMethods, for
-the gRPC handlers (server.api.tfs) and warmup records alike.
+the gRPC handlers (server.api.tfserving.grpc_service) and warmup records alike.
 
 Requests are read as TF Serving reads them itself (its internal SerializedInput): each example
 stays serialized, so an example that is not a tf.Example is refused by its index, and what the
@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from protos.tensorflow_serving import classification_pb2, inference_pb2, regression_pb2
-from server.api import tf_example
-from server.api.rest_body import BodyDecoder
+from server.api.http.body import BodyDecoder
+from server.api.tfserving import tf_example
 from server.core.example_methods import CLASSES, CLASSIFY, OUTPUTS, REGRESS, SCORES, ExampleMethods, Task
 from server.core.inference import Inference, predictor_of
 from server.core.servables import Servable

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.api import v2_codec
+from server.api.v2 import codec as v2_codec
 from server.core.inference import signature_of
 from server.core.servables import Registry, Servable
 from server.errors import InvalidInput, NotFound, Unavailable

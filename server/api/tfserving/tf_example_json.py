@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from protos.tf.tensorflow.core.example import example_pb2
-from server.api import json_codec, tf_example
-from server.api.tfs_examples import label_text
+from server.api.http import json_codec
+from server.api.tfserving import tf_example
+from server.api.tfserving.examples import label_text
 from server.core.example_methods import CLASSES, OUTPUTS, SCORES
 from server.core.signatures import DEFAULT_SIGNATURE, ExampleFeature
 from server.errors import InvalidInput, Overloaded
@@ -34,7 +35,7 @@ def decode_body(raw: bytes, verb: str, features: Mapping[str, Mapping[str, Examp
     regress body, each example checked against the features of the signature it names (when that
     signature takes examples: `features` has them by signature); more than `max_examples` (what
     could ever be queued) are refused before they are built. Picklable: a large body is decoded
-    in the helper process (server.api.rest_body)."""
+    in the helper process (server.api.http.body)."""
     body = json_codec.loads(raw)
     if not isinstance(body, dict):
         raise InvalidInput('the body must be a JSON object: {"examples": [...]}, optionally with "context" and '

@@ -10,7 +10,7 @@
     POST /v2/repository/index                         Triton's model repository: what there is
     POST /v2/repository/models/NAME/load|unload       ... and changing what is served (guarded)
 
-Like its gRPC twin (server.api.v2) it only translates, through the same Predictor. A deadline comes
+Like its gRPC twin (server.api.v2.grpc_service) it only translates, through the same Predictor. A deadline comes
 from the Grpc-Timeout header or from Triton's `timeout` parameter (microseconds), whichever ends first.
 """
 
@@ -22,11 +22,16 @@ from typing import Any
 
 from aiohttp import web
 
-from server.api import json_codec, request_timing, rest, triton_model, v2_json, v2_model
+from server.api import request_timing
 from server.api.admission import Call
 from server.api.control import ControlPlane, rest_credentials
+from server.api.http import json_codec
+from server.api.http import server as rest
+from server.api.http.body import BodyDecoder, read_body
 from server.api.recording import Recorder
-from server.api.rest_body import BodyDecoder, read_body
+from server.api.v2 import model as v2_model
+from server.api.v2 import rest_json as v2_json
+from server.api.v2 import triton_model
 from server.config import server_version
 from server.core.inference import infer
 from server.core.repository import Repository

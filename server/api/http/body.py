@@ -3,7 +3,7 @@
 - **Size.** The body is refused (413) once it is over the limit: before reading it when its
   declared length says so, else as soon as the bytes read, or the bytes they decompress to, pass
   the limit (for gzip, at once when its trailer states a larger size). The rest is not kept:
-  after the answer aiohttp reads and drops it, for a few seconds at most (server.api.rest's
+  after the answer aiohttp reads and drops it, for a few seconds at most (server.api.http.server's
   LINGER_S), never decompressed, and closes the connection.
 - **Encodings.** aiohttp's own decompression is off; gzip and deflate are decompressed here, once
   the whole compressed body is in, a bounded piece at a time (a megabyte of gzip can hold a
@@ -36,7 +36,7 @@ from aiohttp import web
 from server import memory
 from server.errors import ClientGone, Overloaded, TooLarge, Unavailable, UnsupportedEncoding
 
-log = logging.getLogger("server.api.rest_body")
+log = logging.getLogger("server.api.http.body")
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """tensorflow.serving.PredictionService over grpc.aio: Predict, Classify, Regress, MultiInference
 and GetModelMetadata. It only translates: protos to plain types, the model spec to a servable
 (server.core.servables), one call into the core (Predict's `infer`, the example methods through
-server.api.tfs_examples), plain types back to protos, and domain errors to status codes through
+server.api.tfserving.examples), plain types back to protos, and domain errors to status codes through
 server.api.status's table."""
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ from protos.tensorflow_serving import (
     serialized_input_pb2,
 )
 from server import codec
-from server.api import request_log, request_timing, tfs_examples
+from server.api import request_log, request_timing
 from server.api.admission import Admission, Call, ConcurrencyLimit, add_limited_handlers, deadline_of, grpc_call
 from server.api.recording import Recorder
 from server.api.request_log import RequestLogs
 from server.api.status import parse
-from server.api.tfs_examples import ExampleCalls
+from server.api.tfserving import examples as tfs_examples
+from server.api.tfserving.examples import ExampleCalls
 from server.core.example_methods import CLASSIFY, REGRESS, combined
 from server.core.inference import Inference, infer
 from server.core.servables import Registry, Servable
