@@ -11,7 +11,7 @@ the worker dies, the server drains and exits 1, so the orchestrator restarts bot
 HTTP (server.api.http.server: both REST APIs and /metrics) opens beside gRPC, on the same event loop,
 before the models load.
 
-Stop (SIGTERM or SIGINT), in the order of architecture.md, example 9: health NOT_SERVING (and
+Stop (SIGTERM or SIGINT), in the order Kubernetes expects of a pod: health NOT_SERVING (and
 /v2/health/ready 400) while still accepting for --drain-delay-s; then refuse new requests on every
 front-end, gRPC and REST, and finish every accepted one (queued and in flight); exit 0 within
 --grace-period-s of the signal.

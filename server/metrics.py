@@ -1,4 +1,4 @@
-"""Prometheus metrics, declared once at import (architecture.md, example 12).
+"""Prometheus metrics, declared once at import, so every series exists from the start.
 
 Names carry base units, histograms have explicit buckets (aggregatable across pods, unlike
 summaries), and label sets are small and bounded: protocol, model and version (only configured models; a

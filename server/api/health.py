@@ -5,7 +5,7 @@ has an AVAILABLE version, SERVING after, and NOT_SERVING again from the moment a
 Models added later by a config change do not flip a serving pod back (GetModelStatus tells
 their state): a ConfigMap change reaches every pod at once, and must not take them all out.
 The services are named by main from each front-end's descriptor, never typed out
-(architecture.md, example 10); this module imports no front-end.
+(a renamed service cannot go unnoticed); this module imports no front-end.
 """
 
 from __future__ import annotations

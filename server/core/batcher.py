@@ -1,7 +1,7 @@
 """Dynamic batching: merge concurrent requests into row-budgeted batches.
 
 Policy: the three rules of server.core.batching_policy (its docstring says why), and
-architecture.md's examples 2-5:
+these:
 - Batches are budgeted in rows (`max_batch_rows`), not requests. A request larger than the
   remaining budget is split: its first rows go now, the rest lead the next batch, and its outputs
   are reassembled in row order before its future resolves.
@@ -312,7 +312,7 @@ class Batcher:
         def finished(_: object) -> None:
             if expiry is not None:
                 expiry.cancel()
-            self._release(request)
+            self._unqueue_rest(request)
 
         future.add_done_callback(finished)
         self._wakeup.set()
@@ -340,7 +340,7 @@ class Batcher:
         self._key_rows[key] = self._key_rows.get(key, 0) + rows
         self._observer.queue_changed(self._queued_rows, self._queued_requests)
 
-    def _release(self, request: _Request) -> None:
+    def _unqueue_rest(self, request: _Request) -> None:
         """A request that finished while rows of it were still queued gives them back."""
         left = request.rows - request.next_row
         if left and request.key in self._key_rows:
@@ -363,7 +363,7 @@ class Batcher:
             self._expire(request)
         else:
             return False
-        self._release(request)
+        self._unqueue_rest(request)
         return True
 
     def _pop_head(self, queue: deque[_Request]) -> None:

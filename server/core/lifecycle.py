@@ -105,7 +105,7 @@ def check_sources(sources: Sequence[ModelSource]) -> None:
 class Runner(Protocol):
     """What a batcher needs of the model worker: a front-end's link to it."""
 
-    async def run(self, servable: int, signature: str, parts: Sequence[Tensors], rows: int = 1,
+    async def run(self, servable_id: int, signature: str, parts: Sequence[Tensors], rows: int = 1,
                   counted_rows: int = 1) -> Done:
         """Run one batch, the parts' rows in order (`rows` with padding, `counted_rows` without)."""
 
@@ -114,7 +114,7 @@ class Worker(Runner, Protocol):
     """What the lifecycle needs of the model worker: server.core.model_process.ModelProcess, or a
     fake in the unit tests. Each call raises Unavailable once the worker is gone."""
 
-    async def load(self, servable: int, name: str, version: int, path: str,
+    async def load(self, servable_id: int, name: str, version: int, path: str,
                    warm_up_sizes: tuple[int, ...], max_inflight: int,
                    warm_up_failure_allowed_by: str | None = None, max_batch_rows: int = 0,
                    allowed_batch_sizes: tuple[int, ...] = ()) -> Loaded:
@@ -122,7 +122,7 @@ class Worker(Runner, Protocol):
         on generated rows included, unless `warm_up_failure_allowed_by` says what allows that).
         `max_batch_rows` and `allowed_batch_sizes`: how the worker may merge front-ends' batches."""
 
-    async def unload(self, servable: int) -> None:
+    async def unload(self, servable_id: int) -> None:
         """Free a servable that will be sent no more batches."""
 
     @property
@@ -369,7 +369,7 @@ class Lifecycle:
             try:
                 await self._warm_up(servable)
             except (LoadError, Unavailable) as exc:
-                await self._release(servable)
+                await self._retire_and_free(servable)
                 self._load_failed(servable, exc)
                 return
         servable.state = State.AVAILABLE
@@ -441,14 +441,14 @@ class Lifecycle:
         fields = _fields(servable.name, servable.version)
         log.info("unloading model=%s version=%s: finishing its queued requests", *labels, extra=fields)
         await self._publish()  # every front-end has stopped routing to it and drained its requests
-        await self._release(servable)
+        await self._retire_and_free(servable)
         servable.state = State.END
         metrics.forget_version(*labels)
         gc.collect()  # the version's objects are younger than the start-up freeze: this frees them
         log.info("unloaded model=%s version=%s", *labels, extra=fields)
         self._on_change()
 
-    async def _release(self, servable: Servable) -> None:
+    async def _retire_and_free(self, servable: Servable) -> None:
         """Retire the version here (retire), free it in the worker, and drop what this process
         kept of it (an unload, or a load whose warm-up failed)."""
         await retire(servable)

@@ -90,7 +90,7 @@ class WorkerLink:
     def __init__(
         self,
         *,
-        on_traces: Callable[[int, dict[str, int]], None] = lambda servable, traces: None,
+        on_traces: Callable[[int, dict[str, int]], None] = lambda servable_id, traces: None,
         on_lost: Callable[[str], None] = lambda why: None,
     ) -> None:
         self._on_traces = on_traces
@@ -125,7 +125,7 @@ class WorkerLink:
         assert self._channel is not None
         self._channel.send(message)
 
-    async def run(self, servable: int, signature: str, parts: Sequence[Tensors], rows: int = 1,
+    async def run(self, servable_id: int, signature: str, parts: Sequence[Tensors], rows: int = 1,
                   counted_rows: int = 1) -> Done:
         """Run one batch, the parts' rows in order, in the worker: its outputs, the seconds the
         model spent and the rows each replica ran. `rows`: the parts' rows (padding included),
@@ -149,8 +149,8 @@ class WorkerLink:
             raise
         seq = next(self._seq)
         future: asyncio.Future[Done] = asyncio.get_running_loop().create_future()
-        self._pending[seq] = (future, slot, servable)
-        self._send(Run(seq, servable, signature, slot, placed, rows, counted_rows))
+        self._pending[seq] = (future, slot, servable_id)
+        self._send(Run(seq, servable_id, signature, slot, placed, rows, counted_rows))
         return await future
 
     def _grow(self, slot: int, need: int) -> None:
@@ -184,14 +184,14 @@ class WorkerLink:
         if not isinstance(message, Done | Failed):
             log.error("unexpected message from the model worker: %r", type(message).__name__)
             return
-        future, slot, servable = self._pending.pop(message.seq)
+        future, slot, servable_id = self._pending.pop(message.seq)
         self._reuse(slot)
         if isinstance(message, Failed):
             if not future.done():
                 future.set_exception(ModelFailure(message.message) if message.code is None
                                      else ModelError(message.message, message.code))
             return
-        self._on_traces(servable, message.traces)
+        self._on_traces(servable_id, message.traces)
         if not future.done():
             future.set_result(message)
 
@@ -245,7 +245,7 @@ class ModelProcess(WorkerLink):
         self,
         settings: Settings,
         *,
-        on_traces: Callable[[int, dict[str, int]], None] = lambda servable, traces: None,
+        on_traces: Callable[[int, dict[str, int]], None] = lambda servable_id, traces: None,
         on_lost: Callable[[str], None] = lambda why: None,
     ) -> None:
         super().__init__(on_traces=on_traces, on_lost=on_lost)
@@ -282,7 +282,7 @@ class ModelProcess(WorkerLink):
         assert isinstance(first, Started), f"unexpected first message {first!r}"
         return first
 
-    async def load(self, servable: int, name: str, version: int, path: str,
+    async def load(self, servable_id: int, name: str, version: int, path: str,
                    warm_up_sizes: tuple[int, ...], max_inflight: int,
                    warm_up_failure_allowed_by: str | None = None, max_batch_rows: int = 0,
                    allowed_batch_sizes: tuple[int, ...] = ()) -> Loaded:
@@ -290,17 +290,17 @@ class ModelProcess(WorkerLink):
         fails (Load.warm_up_failure_allowed_by says when a failed warm-up does not)."""
         self._check_alive()
         future: asyncio.Future[Loaded] = asyncio.get_running_loop().create_future()
-        self._loads[servable] = future
-        self._send(Load(servable, name, version, path, warm_up_sizes, max_inflight, warm_up_failure_allowed_by,
+        self._loads[servable_id] = future
+        self._send(Load(servable_id, name, version, path, warm_up_sizes, max_inflight, warm_up_failure_allowed_by,
                         max_batch_rows, allowed_batch_sizes))
         return await future
 
-    async def unload(self, servable: int) -> None:
+    async def unload(self, servable_id: int) -> None:
         """Free a servable the server will send no more batches for."""
         self._check_alive()
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._unloads[servable] = future
-        self._send(Unload(servable))
+        self._unloads[servable_id] = future
+        self._send(Unload(servable_id))
         await future
 
     def attach(self) -> tuple[socket.socket, Connection]:
@@ -343,7 +343,7 @@ class ModelProcess(WorkerLink):
 
     def _answer(self, message: object) -> None:
         if isinstance(message, Loaded | LoadFailed):
-            loading = self._loads.pop(message.servable)
+            loading = self._loads.pop(message.servable_id)
             if loading.done():
                 return
             if isinstance(message, Loaded):
@@ -352,7 +352,7 @@ class ModelProcess(WorkerLink):
                 loading.set_exception(LoadError(message.code, message.message))
             return
         if isinstance(message, Unloaded):
-            unloading = self._unloads.pop(message.servable)
+            unloading = self._unloads.pop(message.servable_id)
             if not unloading.done():
                 unloading.set_result(None)
             return

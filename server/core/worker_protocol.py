@@ -44,9 +44,9 @@ class StartFailed:
 
 @dataclass(frozen=True)
 class Load:
-    """Load version_dir as servable `servable` (an id the server picked), warm it up, say Loaded."""
+    """Load version_dir as servable `servable_id` (an id the server picked), warm it up, say Loaded."""
 
-    servable: int
+    servable_id: int
     name: str
     version: int
     path: str
@@ -65,7 +65,7 @@ class Load:
 
 @dataclass(frozen=True)
 class Loaded:
-    servable: int
+    servable_id: int
     info: ModelInfo
     signature_defs: dict[str, SignatureDefinition]
     """The SavedModel's SignatureDefs, as GetModelMetadata returns them."""
@@ -75,7 +75,7 @@ class Loaded:
 
 @dataclass(frozen=True)
 class LoadFailed:
-    servable: int
+    servable_id: int
     code: int
     """tensorflow.error.Code of the failure (NOT_FOUND, INVALID_ARGUMENT, DATA_LOSS, ...)."""
     message: str
@@ -85,12 +85,12 @@ class LoadFailed:
 class Unload:
     """Drop the servable's functions and variables; the server sends no more batches for it."""
 
-    servable: int
+    servable_id: int
 
 
 @dataclass(frozen=True)
 class Unloaded:
-    servable: int
+    servable_id: int
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class SlotStrings:
 @dataclass(frozen=True)
 class Run:
     seq: int
-    servable: int
+    servable_id: int
     signature: str
     slot: int
     inputs: dict[str, SlotArray | SlotStrings]

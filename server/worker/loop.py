@@ -2,7 +2,7 @@
 
 Why a process and not a thread of the server: TensorFlow's Python call path holds the GIL for
 ~120 µs a batch, and each hand-off back to the event loop is another GIL round trip, which the
-event loop and gRPC's poller thread then wait for. Measured on the 2-core machine of issue 5, a
+event loop and gRPC's poller thread then wait for. Measured on a 2-core machine, a
 thread calling the MLP in a loop took 28-40% of a fixed-response grpc.aio server's throughput; the
 same loop in a separate process took 14-21% (what its CPU use costs, and no more). Here the server
 process keeps gRPC, parsing, batching and the model lifecycle; this process holds every loaded
@@ -166,8 +166,8 @@ class _Servables:
             if isinstance(job, Load):
                 self._send(self._load(job))
             else:
-                self._unload(job.servable)
-                self._send(Unloaded(job.servable))
+                self._unload(job.servable_id)
+                self._send(Unloaded(job.servable_id))
 
     def _load(self, job: Load) -> Loaded | LoadFailed:
         from server.worker import replicas, saved_model
@@ -204,22 +204,22 @@ class _Servables:
             message = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
             if isinstance(exc, replicas.WarmUpFailed):
                 message += f" -- {exc.WAYS_THROUGH}"
-            failed = LoadFailed(job.servable, error_code(exc), message)
+            failed = LoadFailed(job.servable_id, error_code(exc), message)
             del exc  # its traceback holds the half-loaded model
             _collect()
             self._batches.allow(self._at_once())
             return failed
-        self._loaded[job.servable] = _Servable(runners, loaded.handle, traces, job.max_inflight)
-        self._batches.serve(job.servable, Rules(job.max_inflight, job.max_batch_rows, job.allowed_batch_sizes,
+        self._loaded[job.servable_id] = _Servable(runners, loaded.handle, traces, job.max_inflight)
+        self._batches.serve(job.servable_id, Rules(job.max_inflight, job.max_batch_rows, job.allowed_batch_sizes,
                                                 frozenset(info.unbatched)))
         gc.collect()
         gc.freeze()
-        return Loaded(job.servable, info, loaded.signature_defs,
+        return Loaded(job.servable_id, info, loaded.signature_defs,
                       time.perf_counter() - started)
 
-    def _unload(self, servable: int) -> None:
-        self._batches.forget(servable)
-        self._loaded.pop(servable, None)
+    def _unload(self, servable_id: int) -> None:
+        self._batches.forget(servable_id)
+        self._loaded.pop(servable_id, None)
         self._batches.allow(self._at_once())
         _collect()
 
@@ -305,16 +305,16 @@ class _Batches:
             self._threads = at_once
         self._inline = False  # from here on the reader hands batches over
 
-    def serve(self, servable: int, rules: Rules) -> None:
-        self._queue.add(servable, rules)
+    def serve(self, servable_id: int, rules: Rules) -> None:
+        self._queue.add(servable_id, rules)
 
-    def forget(self, servable: int) -> None:
-        for part in self._queue.remove(servable):
+    def forget(self, servable_id: int) -> None:
+        for part in self._queue.remove(servable_id):
             front_end, message = part.origin
-            front_end.send(Failed(message.seq, f"servable {servable} is not loaded in the model worker"))
+            front_end.send(Failed(message.seq, f"servable {servable_id} is not loaded in the model worker"))
 
     def submit(self, front_end: FrontEnd, message: Run) -> None:
-        run = self._queue.submit(Part((front_end, message), message.servable, message.signature, message.rows))
+        run = self._queue.submit(Part((front_end, message), message.servable_id, message.signature, message.rows))
         if run is None:
             return  # it waits; the thread running its servable's batch takes it next, merged
         if self._inline:
@@ -331,9 +331,9 @@ class _Batches:
     def _run_through(self, run: list[Part[tuple[FrontEnd, Run]]] | None) -> None:
         """Run it, then whatever waited for the same servable meanwhile, until nothing does."""
         while run is not None:
-            servable = run[0].servable
+            servable_id = run[0].servable_id
             self._answer(run)
-            run = self._queue.finished(servable)
+            run = self._queue.finished(servable_id)
 
     def _answer(self, run: list[Part[tuple[FrontEnd, Run]]]) -> None:
         if len(run) == 1:
@@ -346,9 +346,9 @@ class _Batches:
     def _run_one(self, front_end: FrontEnd, message: Run) -> Done | Failed:
         started_at = time.monotonic()  # CLOCK_MONOTONIC: the server process reads the same clock
         started = time.perf_counter()
-        servable = self._loaded.get(message.servable)
+        servable = self._loaded.get(message.servable_id)
         if servable is None:
-            return Failed(message.seq, f"servable {message.servable} is not loaded in the model worker")
+            return Failed(message.seq, f"servable {message.servable_id} is not loaded in the model worker")
         try:
             batch = read_batch(front_end.slots.get(message.slot), message.inputs)
             outputs, replica_rows = servable.runners[message.signature].run(batch)
@@ -370,7 +370,7 @@ class _Batches:
         started = time.perf_counter()
         messages = [p.origin[1] for p in run]
         first = messages[0]
-        servable = self._loaded.get(first.servable)
+        servable = self._loaded.get(first.servable_id)
         total = sum(m.rows for m in messages)
         counted = sum(m.counted_rows for m in messages)
 
@@ -378,7 +378,7 @@ class _Batches:
             return [Failed(m.seq, text, code) for m in messages]
 
         if servable is None:
-            return failed(f"servable {first.servable} is not loaded in the model worker")
+            return failed(f"servable {first.servable_id} is not loaded in the model worker")
         try:
             batches = [read_batch(front_end.slots.get(m.slot), m.inputs) for (front_end, m) in (p.origin for p in run)]
             batch = {name: np.concatenate([b[name] for b in batches], axis=0) for name in batches[0]}

@@ -44,7 +44,7 @@ class Part(Generic[T]):
     """One front-end's batch."""
 
     origin: T
-    servable: int
+    servable_id: int
     signature: str
     rows: int
     """Its rows as sent (padding included): where its outputs are cut from the run's."""
@@ -65,19 +65,19 @@ class RunQueue(Generic[T]):
         self._lock = threading.Lock()
         self._servables: dict[int, _Servable[T]] = {}
 
-    def add(self, servable: int, rules: Rules) -> None:
+    def add(self, servable_id: int, rules: Rules) -> None:
         with self._lock:
-            self._servables[servable] = _Servable(rules)
+            self._servables[servable_id] = _Servable(rules)
 
-    def remove(self, servable: int) -> list[Part[T]]:
+    def remove(self, servable_id: int) -> list[Part[T]]:
         """Forget a servable; the batches still waiting for it (to be failed)."""
         with self._lock:
-            gone = self._servables.pop(servable, None)
+            gone = self._servables.pop(servable_id, None)
         return [] if gone is None else list(gone.waiting)
 
     def submit(self, part: Part[T]) -> list[Part[T]] | None:
         with self._lock:
-            state = self._servables.get(part.servable)
+            state = self._servables.get(part.servable_id)
             if state is None:
                 return [part]  # unknown servable: run it, so that it is failed by name
             if state.running < state.rules.max_inflight:
@@ -86,9 +86,9 @@ class RunQueue(Generic[T]):
             state.waiting.append(part)
             return None
 
-    def finished(self, servable: int) -> list[Part[T]] | None:
+    def finished(self, servable_id: int) -> list[Part[T]] | None:
         with self._lock:
-            state = self._servables.get(servable)
+            state = self._servables.get(servable_id)
             if state is None:
                 return None
             if not state.waiting:

@@ -7,8 +7,8 @@ from collections import deque
 from server.worker.run_queue import Part, Rules, RunQueue, cut, shares, take
 
 
-def part(origin: str, rows: int, signature: str = "serving_default", servable: int = 1) -> Part[str]:
-    return Part(origin, servable, signature, rows)
+def part(origin: str, rows: int, signature: str = "serving_default", servable_id: int = 1) -> Part[str]:
+    return Part(origin, servable_id, signature, rows)
 
 
 def origins(run: list[Part[str]] | None) -> list[str]:
@@ -71,7 +71,7 @@ def test_a_removed_servable_gives_back_its_waiting_batches_and_an_unknown_one_ru
     queue.submit(part("b", 1))
     assert [p.origin for p in queue.remove(1)] == ["b"]
     assert queue.finished(1) is None
-    assert origins(queue.submit(part("c", 1, servable=9))) == ["c"]
+    assert origins(queue.submit(part("c", 1, servable_id=9))) == ["c"]
 
 
 def test_each_part_gets_its_rows_and_its_share_of_each_replica() -> None:

@@ -83,7 +83,7 @@ def test_string_tensors_travel_in_the_slot_whole() -> None:
 
 
 def test_a_slot_array_without_a_slot_is_an_error_not_garbage() -> None:
-    run = Run(seq=1, servable=0, signature="serving_default", slot=0, inputs={"x": SlotArray("<f4", (2, 3), 0)})
+    run = Run(seq=1, servable_id=0, signature="serving_default", slot=0, inputs={"x": SlotArray("<f4", (2, 3), 0)})
     with pytest.raises(ValueError, match="input 'x' lies in a slot the worker was never given"):
         read_batch(None, run.inputs)
 
