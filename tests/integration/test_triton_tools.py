@@ -240,9 +240,9 @@ def test_load_and_unload_under_load_fail_nothing(server: ServerProcess, clients:
 
     threads = [threading.Thread(target=tfs_client), threading.Thread(target=v2_client, args=(1, "grpc")),
                threading.Thread(target=v2_client, args=(2, "http"))]
+    worker = worker_of(server.process.pid)  # before the clients start: a failure here must not leave them running
     for thread in threads:
         thread.start()
-    worker = worker_of(server.process.pid)
     samples = []
     try:
         for cycle in range(CYCLES):
