@@ -4,6 +4,7 @@ restarted while the others' clients see nothing; SIGTERM drains them all."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import shutil
@@ -230,9 +231,8 @@ def test_sigterm_drains_every_front_end_under_load_and_exits_0(model_dirs: dict[
 
 def test_a_control_call_on_any_front_end_is_applied_once_and_routed_by_all_when_it_returns(
         model_dirs: dict[str, Path], tmp_path: Path) -> None:
-    from protos.inference import grpc_service_pb2 as v2
-    from protos.inference import grpc_service_pb2_grpc as v2_grpc
-
+    """Over v2 REST (our v2 protos cannot share the test process with tritonclient's), on kept-alive
+    connections whose owning process is known."""
     repository = tmp_path / "models"
     for name in ("demo", "echo"):
         shutil.copytree(model_dirs[name], repository / name)
@@ -241,42 +241,53 @@ def test_a_control_call_on_any_front_end_is_applied_once_and_routed_by_all_when_
                            "--load-model", "demo", "--enable-model-management", "--admin-token-file",
                            str(tmp_path / "tokens"), "--frontends", "2", "--drain-delay-s", "0",
                            "--file-system-poll-wait-seconds", "0"], tmp_path / "server.log")
-    auth = (("authorization", "Bearer secret"),)
+    auth = {"Authorization": "Bearer secret", "Content-Type": "application/json"}
+    connections: list[http.client.HTTPConnection] = []
     try:
         primary = server.process.pid
-        stubs: dict[bool, list[Any]] = {True: [], False: []}  # by whether the primary holds the connection
+        by_owner: dict[bool, http.client.HTTPConnection] = {}  # by whether the primary holds it
         known: set[int] = set()
-        for _ in range(16):
-            channel = own_channel(server)
-            stub = v2_grpc.GRPCInferenceServiceStub(channel)
-            stub.ServerReady(v2.ServerReadyRequest(), timeout=10)
-            (client_port, pid), = connection_owner(server.port, known).items()
+        for _ in range(24):
+            connection = http.client.HTTPConnection("127.0.0.1", server.rest_port, timeout=120)
+            connections.append(connection)
+            connection.request("GET", "/v2/health/live")
+            connection.getresponse().read()
+            (client_port, pid), = connection_owner(server.rest_port, known).items()
             known.add(client_port)
-            stubs[pid == primary].append(stub)
-            if stubs[True] and stubs[False]:
+            by_owner.setdefault(pid == primary, connection)
+            if len(by_owner) == 2:
                 break
-        assert stubs[True] and stubs[False], "no connection reached the second front-end"
+        assert len(by_owner) == 2, "no connection reached the second front-end"
 
-        def echo_ready(stub: Any) -> bool:
-            return bool(stub.ModelReady(v2.ModelReadyRequest(name="echo"), timeout=10).ready)
+        def call(connection: http.client.HTTPConnection, method: str, path: str,
+                 body: object = None) -> tuple[int, Any]:
+            connection.request(method, path, body=None if body is None else json.dumps(body), headers=auth)
+            answer = connection.getresponse()
+            data = answer.read()
+            return answer.status, json.loads(data) if data else None
 
-        def echo(stub: Any, value: int) -> int:
-            request = v2.ModelInferRequest(model_name="echo")
-            tensor = request.inputs.add(name="x", datatype="INT64", shape=[1, 2])
-            tensor.contents.int64_contents.extend([value, 1])
-            answer = stub.ModelInfer(request, timeout=30)
-            return int(np.frombuffer(answer.raw_output_contents[0], np.int64)[0])
+        def ready(connection: http.client.HTTPConnection) -> bool:
+            return call(connection, "GET", "/v2/models/echo/ready")[0] == 200
 
-        for via in (stubs[False][0], stubs[True][0]):  # through the other front-end, then the primary
-            assert not echo_ready(stubs[True][0]) and not echo_ready(stubs[False][0])
-            via.RepositoryModelLoad(v2.RepositoryModelLoadRequest(model_name="echo"), metadata=auth, timeout=120)
-            for stub in (stubs[True][0], stubs[False][0]):  # routed by every front-end once the call returns
-                assert echo_ready(stub)
-                assert echo(stub, 7) == 7
-            via.RepositoryModelUnload(v2.RepositoryModelUnloadRequest(model_name="echo"), metadata=auth,
-                                      timeout=120)
-            assert not echo_ready(stubs[True][0]) and not echo_ready(stubs[False][0])
+        def echo(connection: http.client.HTTPConnection, value: int) -> int:
+            status, answer = call(connection, "POST", "/v2/models/echo/infer", {"inputs": [
+                {"name": "x", "datatype": "INT64", "shape": [1, 2], "data": [value, 1]}]})
+            assert status == 200, answer
+            return int(answer["outputs"][0]["data"][0])
+
+        every = list(by_owner.values())
+        for via in (by_owner[False], by_owner[True]):  # through the other front-end, then the primary
+            assert not any(ready(c) for c in every)
+            status, answer = call(via, "POST", "/v2/repository/models/echo/load", {})
+            assert status == 200, answer
+            for connection in every:  # routed by every front-end once the call returns
+                assert ready(connection) and echo(connection, 7) == 7
+            status, answer = call(via, "POST", "/v2/repository/models/echo/unload", {})
+            assert status == 200, answer
+            assert not any(ready(c) for c in every)
         log = server.log()
         assert log.count(": loading model=echo") == 2 and log.count(": unloaded model=echo") == 2, log[-3000:]
     finally:
+        for connection in connections:
+            connection.close()
         assert server.stop() == 0
