@@ -2,14 +2,15 @@
 CPU per request and rows per model run, at each concurrency, measured in turns.
 
 One server per N is started (all at once; an idle one costs no CPU), then perf_analyzer (Triton's
-C++ client, its Triton kind) drives each in turn with TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT=1,
+C++ client, its Triton kind, over gRPC and over v2 REST) drives each in turn with
+TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT=1 (over HTTP each caller has its own connection anyway),
 so each of its callers has a connection of its own and the kernel can spread them over the
 front-ends (SO_REUSEPORT spreads connections, not calls). The front-ends' CPU is read from /proc
 over each run: every process of the server but the model worker (the one that has TensorFlow
 mapped) and multiprocessing's resource tracker. Rows per run come from mirrorserve_batch_rows.
 
 usage: python -m bench.frontends [--model mlp] [--frontends 1,2,4] [--concurrency 1,64]
-       [--repeat 3] [--seconds 3] [--server-flags FLAGS]
+       [--protocols grpc,http] [--repeat 3] [--seconds 3] [--server-flags FLAGS]
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ class Measured:
     rows_per_run: float | None
 
 
-def measure(server: ServerProcess, model: str, level: int, seconds: float, work: Path) -> Measured:
+def measure(server: ServerProcess, model: str, level: int, seconds: float, work: Path,
+            protocol: str = "grpc") -> Measured:
     name, shape = SHAPES[model]
     pids = front_end_pids(server.process.pid)
     before_rows = batch_totals("127.0.0.1", str(server.rest_port))
@@ -96,7 +98,8 @@ def measure(server: ServerProcess, model: str, level: int, seconds: float, work:
     os.environ["TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT"] = "1"  # a connection per caller
     path = binary()
     assert path is not None, "perf_analyzer is not installed (make bench installs it)"
-    run = perf_run(path, f"127.0.0.1:{server.port}", model, name, shape, level, seconds, TRITON, work / "perf.csv")
+    port = server.port if protocol == "grpc" else server.rest_port
+    run = perf_run(path, f"127.0.0.1:{port}", model, name, shape, level, seconds, TRITON, work / "perf.csv", protocol)
     cpu, wall = cpu_seconds(pids) - cpu_before, time.perf_counter() - started
     after_rows = batch_totals("127.0.0.1", str(server.rest_port))
     rows = None
@@ -115,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--server-flags", default="")
+    parser.add_argument("--protocols", default="grpc,http", help="perf_analyzer's -i: grpc, http (v2 REST), or both")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "frontends")
     opts = parser.parse_args(argv)
     lines: list[str] = []
@@ -131,13 +135,15 @@ def main(argv: list[str] | None = None) -> int:
                             work / f"server-{n}.log") for n in counts}
         try:
             say(f"# {opts.model}, perf_analyzer (Triton kind, a connection per caller), medians of {opts.repeat}")
-            say("| callers | frontends | req/s | p50 ms | p99 ms | front-end cores | front-end µs/req | rows/run |")
-            say("|---|---|---|---|---|---|---|---|")
-            for level in (int(c) for c in opts.concurrency.split(",")):
+            say("| protocol | callers | frontends | req/s | p50 ms | p99 ms | front-end cores | front-end µs/req "
+                "| rows/run |")
+            say("|---|---|---|---|---|---|---|---|---|")
+            levels = [(protocol, int(c)) for protocol in opts.protocols.split(",") for c in opts.concurrency.split(",")]
+            for protocol, level in levels:
                 runs: dict[int, list[Measured]] = {n: [] for n in counts}
                 for turn in range(opts.repeat):
                     for n in counts if turn % 2 == 0 else list(reversed(counts)):
-                        runs[n].append(measure(servers[n], opts.model, level, opts.seconds, work))
+                        runs[n].append(measure(servers[n], opts.model, level, opts.seconds, work, protocol))
                 base_rate = statistics.median(r.req_per_s for r in runs[counts[0]])
                 for n in counts:
                     rs = runs[n]
@@ -146,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                     rows_text = f"{statistics.median(rows):.1f}" if rows else "-"
                     p50, p99 = statistics.median(r.p50_ms for r in rs), statistics.median(r.p99_ms for r in rs)
                     cores, cpu_us = statistics.median(r.cores for r in rs), statistics.median(r.cpu_us for r in rs)
-                    say(f"| {level} | {n} | {rate:,.0f} ({rate / base_rate:.2f}x) | {p50:.3f} | {p99:.3f} | "
-                        f"{cores:.2f} | {cpu_us:.0f} | {rows_text} |")
+                    say(f"| {protocol} | {level} | {n} | {rate:,.0f} ({rate / base_rate:.2f}x) | {p50:.3f} | "
+                        f"{p99:.3f} | {cores:.2f} | {cpu_us:.0f} | {rows_text} |")
             say("")
             for n, server in servers.items():
                 sizes = [rss_mb(pid) for pid in front_end_pids(server.process.pid)]

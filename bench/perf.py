@@ -50,10 +50,11 @@ class PerfRun:
 
 
 def perf_run(path: str, target: str, model: str, input_name: str, shape: tuple[int, ...], concurrency: int,
-             seconds: float, kind: str, csv_file: Path) -> PerfRun:
-    """One perf_analyzer run at a fixed concurrency; `kind` is "tfserving" or TRITON."""
+             seconds: float, kind: str, csv_file: Path, protocol: str = "grpc") -> PerfRun:
+    """One perf_analyzer run at a fixed concurrency; `kind` is "tfserving" or TRITON; `protocol`
+    (Triton kind only) "grpc" or "http" (v2 REST, a connection per caller)."""
     if kind == TRITON:
-        args = ["-i", "grpc", "-b", "1", "--shape", f"{input_name}:{','.join(map(str, shape[1:]))}"]
+        args = ["-i", protocol, "-b", "1", "--shape", f"{input_name}:{','.join(map(str, shape[1:]))}"]
     else:
         args = ["--service-kind", "tfserving", "-i", "grpc", "--shape", f"{input_name}:{','.join(map(str, shape))}"]
     command = [path, "-m", model, "-u", target, *args, "--concurrency-range", str(concurrency),
