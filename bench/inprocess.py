@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from bench.metadata import metadata_file, metadata_response
 from protos.tensorflow_serving import predict_pb2
-from server.codec import to_tensor_proto
+from server.api.tensor_codec import to_tensor_proto
 
 ONE_ROW_CALLS = (20, 2000)
 """Fewest and most single 1-row calls timed (within SECONDS otherwise)."""

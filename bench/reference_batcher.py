@@ -34,7 +34,7 @@ import tensorflow as tf
 from bench.metadata import metadata_response
 from protos.tensorflow_serving import predict_pb2
 from server import event_loop
-from server.codec import to_ndarray, to_tensor_proto
+from server.api.tensor_codec import to_ndarray, to_tensor_proto
 
 MAX_TENSOR_BYTES = 1 << 30
 

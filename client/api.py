@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 
 from protos.tensorflow_serving import get_model_metadata_pb2, predict_pb2, prediction_service_pb2_grpc
-from server import codec
+from server.api import tensor_codec as codec
 
 DEFAULT_TIMEOUT_S = 10.0
 _UNLIMITED = 1 << 62  # the client trusts the server's outputs' sizes; the channel caps bytes

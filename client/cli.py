@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError
 
 from client import bench, rest, warmup_log
 from client.api import DEFAULT_TIMEOUT_S, PredictClient, PredictError, Tls, build_predict_request
-from server.codec import numpy_dtype
+from server.api.tensor_codec import numpy_dtype
 
 
 def random_input(info: Any, rows: int, rng: np.random.Generator) -> np.ndarray:

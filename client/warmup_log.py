@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from protos.tensorflow_serving import prediction_log_pb2
-from server import tfrecords
+from server.api import tfrecords
 
 MAX_RECORDS = 1000
 KINDS = ("predict_log", "classify_log", "regress_log", "multi_inference_log")

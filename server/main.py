@@ -30,7 +30,7 @@ from pathlib import Path
 
 from prometheus_client import start_http_server
 
-from server import event_loop, logs, loop_lag, memory, metrics, monitoring_config
+from server import event_loop, logs, memory, metrics
 from server.api.control import ControlPlane, default_roots, read_tokens
 from server.api.warmup import Warmup
 from server.config import Settings, parse_settings
@@ -41,6 +41,7 @@ from server.core.repository import repository_sources
 from server.core.servables import Registry
 from server.core.statistics import VersionStatistics
 from server.errors import Unavailable
+from server.frontends import loop_lag, monitoring_config
 from server.frontends.fleet import Fleet
 from server.frontends.front_end import FrontEnd
 

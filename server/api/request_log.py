@@ -34,7 +34,9 @@ from typing import Any
 import numpy as np
 
 from protos.tensorflow_serving import prediction_log_pb2
-from server import codec, metrics, tfrecords
+from server import metrics
+from server.api import tensor_codec as codec
+from server.api import tfrecords
 from server.core.model_config import RequestLogging
 from server.core.servables import Registry, Servable
 

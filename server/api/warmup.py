@@ -13,7 +13,7 @@ predict) are skipped and counted in the log line instead of failing the load.
 
 A failure is a LoadError naming the file and the record, so the lifecycle fails that version's
 load like a corrupt SavedModel: versions already serving go on serving. The file is read through
-server.tfrecords.
+server.api.tfrecords.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ from google.protobuf.message import DecodeError
 from protos.tensorflow_serving import prediction_log_pb2, serialized_input_pb2
 from protos.tf.tensorflow.core.protobuf import error_codes_pb2
 from protos.tf.tensorflow.core.protobuf.error_codes_pb2 import DATA_LOSS, INTERNAL, INVALID_ARGUMENT
-from server import codec, metrics, tfrecords
+from server import metrics
+from server.api import tensor_codec as codec
+from server.api import tfrecords
 from server.api.status import STATUS_FOR
 from server.api.tfserving.examples import ExampleCalls
 from server.core.example_methods import CLASSIFY, REGRESS

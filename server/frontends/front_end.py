@@ -35,11 +35,11 @@ from server.core.example_methods import ExampleMethods
 from server.core.repository import Repository
 from server.core.servables import Registry
 from server.core.statistics import PeerStatistics
-from server.grpc_options import grpc_options
+from server.frontends.grpc_options import grpc_options
 
 
 def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
-    from server.ssl_config import read_ssl_config
+    from server.frontends.ssl_config import read_ssl_config
 
     if settings.ssl_config_file is not None:
         ssl_config = read_ssl_config(settings.ssl_config_file)  # a bad file exits 2

@@ -17,12 +17,13 @@ import sys
 import time
 from multiprocessing.connection import Connection
 
-from server import event_loop, logs, loop_lag, memory
+from server import event_loop, logs, memory
 from server.api.control import ControlPlane
 from server.config import Settings
 from server.core.model_process import WorkerLink
 from server.core.servables import Registry
 from server.core.worker_channel import WorkerChannel
+from server.frontends import loop_lag
 from server.frontends.follower import Follower, RemoteModels
 from server.frontends.front_end import FrontEnd
 from server.frontends.view import (

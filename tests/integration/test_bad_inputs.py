@@ -13,7 +13,7 @@ import pytest
 
 from client import AsyncPredictClient, PredictClient
 from client.api import build_metadata_request, build_predict_request
-from server.codec import to_tensor_proto
+from server.api.tensor_codec import to_tensor_proto
 
 A = np.arange(6, dtype=np.float32).reshape(2, 3)
 B = np.array([1, 2], dtype=np.int32)

@@ -26,7 +26,7 @@ import pytest
 
 from client.warmup_log import warmup_from_logs
 from protos.tensorflow_serving import prediction_log_pb2, serialized_input_pb2
-from server import tfrecords
+from server.api import tfrecords
 from tests.integration.conftest import ServerProcess, start_server
 from tests.integration.example_models import (
     LABELS,

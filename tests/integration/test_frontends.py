@@ -23,7 +23,7 @@ import pytest
 from prometheus_client.mmap_dict import MmapedDict
 
 from protos.tensorflow_serving import predict_pb2, prediction_service_pb2_grpc
-from server.codec import fill_tensor_proto
+from server.api.tensor_codec import fill_tensor_proto
 from tests.integration.conftest import ServerProcess, start_server
 
 pytestmark = pytest.mark.timeout(300)

@@ -20,7 +20,7 @@ import pytest
 
 from client.api import build_predict_request, decode_outputs
 from protos.tensorflow_serving import prediction_log_pb2, prediction_service_pb2_grpc
-from server import codec
+from server.api import tensor_codec as codec
 from tests.integration.conftest import ROOT, ServerProcess, start_server
 from tests.integration.test_lifecycle import wait_until
 

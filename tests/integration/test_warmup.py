@@ -29,7 +29,7 @@ from protos.tensorflow_serving import (
     prediction_log_pb2,
     prediction_service_pb2_grpc,
 )
-from server import tfrecords
+from server.api import tfrecords
 from tests.integration.conftest import ServerProcess, start_server
 from tests.integration.saved_models import build_convolution, build_positive_only
 from tests.integration.test_official_client import official_client_path

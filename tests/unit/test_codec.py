@@ -1,4 +1,4 @@
-"""server.codec: ndarray <-> TensorProto, the typed-field decoding rules, and every refusal."""
+"""server.api.tensor_codec: ndarray <-> TensorProto, the typed-field decoding rules, and every refusal."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 
-from server.codec import dtype_enum, dtype_name, numpy_dtype, to_ndarray, to_tensor_proto
+from server.api.tensor_codec import dtype_enum, dtype_name, numpy_dtype, to_ndarray, to_tensor_proto
 from server.errors import InvalidInput
 from server.limits import STRING_ELEMENT_BYTES
 

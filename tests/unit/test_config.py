@@ -288,7 +288,7 @@ def test_switches_and_repeatable_flags_from_the_environment(capsys: pytest.Captu
 
 
 def test_grpc_pending_queue_is_sized_from_the_concurrency_limit() -> None:
-    from server.grpc_options import grpc_options
+    from server.frontends.grpc_options import grpc_options
 
     options = dict(grpc_options(parse("--max-concurrent-rpcs", "256")))
     assert (options["grpc.server.max_pending_requests"],

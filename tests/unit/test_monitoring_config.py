@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from server.monitoring_config import DEFAULT_PATHS, metrics_paths
+from server.frontends.monitoring_config import DEFAULT_PATHS, metrics_paths
 
 
 def config(tmp_path: Path, text: str) -> str:

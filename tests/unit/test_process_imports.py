@@ -42,7 +42,7 @@ def test_the_model_worker_never_imports_generated_protos() -> None:
                              "server.worker.replicas, server.worker.demo_model")
     assert "tensorflow" in modules  # the worker's modules did load
     assert not {m for m in modules if m == "protos" or m.startswith("protos.")}
-    assert not {m for m in modules if m.startswith("server.api") or m == "server.codec"}
+    assert not {m for m in modules if m.startswith("server.api") or m == "server.api.tensor_codec"}
 
 
 @pytest.mark.parametrize("first", ["ours", "tensorflow's"])

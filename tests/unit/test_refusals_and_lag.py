@@ -8,9 +8,9 @@ import logging
 import grpc
 import pytest
 
-from server import loop_lag
 from server.api.http.server import route_of
 from server.api.refusals import RefusalLog
+from server.frontends import loop_lag
 
 
 class Clock:
@@ -44,7 +44,7 @@ def test_a_blocked_loop_is_observed_always_and_warned_about_once_an_interval(
     clock = Clock()
     seen: list[float] = []
     watch = loop_lag.LagWatch(seen.append, clock)
-    with caplog.at_level(logging.WARNING, logger="server.loop_lag"):
+    with caplog.at_level(logging.WARNING, logger="server.frontends.loop_lag"):
         assert not watch.woke(0.002)
         assert watch.woke(1.5)
         clock.now += 1

@@ -7,7 +7,8 @@ import threading
 import time
 from pathlib import Path
 
-from server import metrics, tfrecords
+from server import metrics
+from server.api import tfrecords
 from server.api.request_log import RequestLogger
 from server.core.model_config import RequestLogging
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from server import tfrecords
+from server.api import tfrecords
 from server.api.warmup import DATA_LOSS, INVALID_ARGUMENT, iter_records
 from server.core.model_process import LoadError
 

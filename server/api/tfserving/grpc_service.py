@@ -21,8 +21,8 @@ from protos.tensorflow_serving import (
     regression_pb2,
     serialized_input_pb2,
 )
-from server import codec
 from server.api import request_log, request_timing
+from server.api import tensor_codec as codec
 from server.api.admission import Admission, Call, ConcurrencyLimit, add_limited_handlers, deadline_of, grpc_call
 from server.api.recording import Recorder
 from server.api.request_log import RequestLogs

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protos.tensorflow_serving import ssl_config_pb2
-from server import text_proto
+from server.frontends import text_proto
 
 
 @dataclass(frozen=True)

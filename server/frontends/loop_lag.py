@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from server import metrics
 
-log = logging.getLogger("server.loop_lag")
+log = logging.getLogger("server.frontends.loop_lag")
 
 INTERVAL_S = 0.1
 WARN_S = 1.0

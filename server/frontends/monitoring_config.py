@@ -5,7 +5,7 @@ Serving reads it. Without the file the server keeps its own: /metrics and TF Ser
 from __future__ import annotations
 
 from protos.tensorflow_serving import monitoring_config_pb2
-from server import text_proto
+from server.frontends import text_proto
 
 TF_SERVING_PATH = "/monitoring/prometheus/metrics"
 DEFAULT_PATHS = ("/metrics", TF_SERVING_PATH)
