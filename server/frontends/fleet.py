@@ -48,6 +48,10 @@ log = logging.getLogger("server.frontends.fleet")
 
 RESTART_S = 1.0
 """Wait before restarting a front-end that died (so a crash loop costs one spawn a second)."""
+PUBLISH_WAIT_S = 90.0
+"""Longest a change waits for a front-end to route by it: its retiring versions' holders get up to
+RETIRE_WAIT_S (30 s), then their batchers drain. A front-end that has not answered by then is
+logged and the change goes on, so one stuck front-end cannot stop every later rollout."""
 STATISTICS_WAIT_S = 2.0
 """Longest a statistics call waits for a front-end's figures (one that does not answer is left out)."""
 
@@ -218,7 +222,7 @@ class Fleet:
             return
         self._seq += 1
         view = snapshot(self._registry, self._seq, self._serving(), tuple(self._configured()))
-        waiting = []
+        waiting: dict[asyncio.Future[None], _Member] = {}
         loop = asyncio.get_running_loop()
         for member in self._members.values():
             if member.gone or member.channel is None:
@@ -226,9 +230,12 @@ class Fleet:
             future: asyncio.Future[None] = loop.create_future()
             member.waiters.append((view.seq, future))
             member.channel.send(view)
-            waiting.append(future)
+            waiting[future] = member
         if waiting:
-            await asyncio.gather(*waiting)
+            _, late = await asyncio.wait(waiting, timeout=PUBLISH_WAIT_S)
+            if late:
+                log.error("front-ends %s did not apply model view %d within %gs; going on without them",
+                          ",".join(str(waiting[f].index) for f in late), view.seq, PUBLISH_WAIT_S)
 
     def push(self) -> None:
         """publish, without waiting (status changes: a load begun or failed, health)."""
