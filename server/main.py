@@ -177,7 +177,7 @@ async def serve(settings: Settings) -> int:
                           may_serve_none=settings.model_repository is not None,
                           warm_up=Warmup(settings.warmup_iterations, settings.max_message_bytes, front.examples)
                           if settings.model_warmup else None,
-                          publish=fleet.publish if fleet is not None else _nothing)
+                          publish=fleet.publish if fleet is not None else None)
     tasks.append(loop.create_task(lifecycle.poll_versions(), name="poll-versions"))
     problems = await lifecycle.apply(sources)
     if problems:
@@ -211,10 +211,6 @@ async def serve(settings: Settings) -> int:
     log.log(logging.WARNING if accepted > answered else logging.INFO,
             "drained: accepted=%d answered=%d", accepted, answered)
     return exit_code
-
-
-async def _nothing() -> None:
-    pass
 
 
 async def _apply(lifecycle: Lifecycle | None, sources: list[model_config.ModelSource]) -> list[str]:

@@ -190,21 +190,17 @@ async def retire(servable: Servable) -> None:
     servable.cache.clear()
 
 
-async def _nothing_to_publish() -> None:
-    pass
-
-
 class Lifecycle:
     def __init__(self, settings: Settings, worker: Worker, registry: Registry, devices: int,
                  batching: BatchingPolicy, *, on_change: Callable[[], None] = lambda: None,
                  may_serve_none: bool = False, warm_up: WarmUp | None = None,
-                 publish: Callable[[], Awaitable[None]] = _nothing_to_publish) -> None:
+                 publish: Callable[[], Awaitable[None]] | None = None) -> None:
         """`may_serve_none`: ready with no model configured (a repository in explicit mode).
         `warm_up`: run on each loaded version before it turns AVAILABLE, its requests through the
         version's own batcher (server.api.warmup: its warmup file); a LoadError fails the load.
         `publish`: tell the other front-end processes the models as they are now, and return once
         each routes by it (server.frontends.fleet); awaited after every change that routing sees."""
-        self._publish = publish
+        self._publish_to = publish
         self._settings = settings
         self._warm_up = warm_up
         self._batching = batching
@@ -456,6 +452,10 @@ class Lifecycle:
             await self._worker.unload(servable.id)
         servable.signature_defs = {}
         self._by_id.pop(servable.id, None)
+
+    async def _publish(self) -> None:
+        if self._publish_to is not None:
+            await self._publish_to()
 
     def _forget_old(self, model: Model) -> None:
         ended = sorted((v for v, s in model.versions.items() if s.state is State.END and s.error is None))

@@ -191,23 +191,24 @@ class Fleet:
     def _on_lost(self, member: _Member, why: str) -> None:
         member.gone = True
         member.settle()
-        member.process.join(0.5 if not self._stopping else 0.0)
+        if not self._stopping:  # on stop, drain() reaps them
+            self._spawn_task(self._restart(member, why))
+
+    async def _restart(self, member: _Member, why: str) -> None:
+        """Reap the dead front-end off the event loop (for its exit code), stop counting its live
+        gauges, and start another in its place after RESTART_S."""
+        await asyncio.get_running_loop().run_in_executor(None, member.process.join, RESTART_S)
         if member.process.pid is not None and not member.process.is_alive():
             metrics.process_gone(member.process.pid)
-        if self._stopping:
-            return
         log.error("front-end %d is gone (exit code %s, %s); restarting it in %gs", member.index,
                   member.process.exitcode, why, RESTART_S)
-        self._spawn_task(self._restart(member.index))
-
-    async def _restart(self, index: int) -> None:
         await asyncio.sleep(RESTART_S)
         if self._stopping or not self._worker.alive:
             return
         try:
-            await self._spawn(index)
+            await self._spawn(member.index)
         except Exception:
-            log.exception("restarting front-end %d failed", index)
+            log.exception("restarting front-end %d failed", member.index)
             return
         await self.publish()
 

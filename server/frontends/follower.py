@@ -74,7 +74,6 @@ class Follower:
                     servable.error = v.error
                 versions[v.version] = servable
             model.versions = versions
-            model.refresh()
         for servable_id in [i for i in self._by_id if i not in serving_ids]:
             servable = self._by_id.pop(servable_id)
             if servable.state is State.AVAILABLE:

@@ -336,43 +336,20 @@ class _Batches:
             run = self._queue.finished(servable_id)
 
     def _answer(self, run: list[Part[tuple[FrontEnd, Run]]]) -> None:
-        if len(run) == 1:
-            front_end, message = run[0].origin
-            front_end.send(self._run_one(front_end, message))
-            return
-        for (front_end, _), answer in zip((p.origin for p in run), self._run_merged(run), strict=True):
+        for (front_end, _), answer in zip((p.origin for p in run), self._run(run), strict=True):
             front_end.send(answer)
 
-    def _run_one(self, front_end: FrontEnd, message: Run) -> Done | Failed:
-        started_at = time.monotonic()  # CLOCK_MONOTONIC: the server process reads the same clock
-        started = time.perf_counter()
-        servable = self._loaded.get(message.servable_id)
-        if servable is None:
-            return Failed(message.seq, f"servable {message.servable_id} is not loaded in the model worker")
-        try:
-            batch = read_batch(front_end.slots.get(message.slot), message.inputs)
-            outputs, replica_rows = servable.runners[message.signature].run(batch)
-        except ModelError as exc:
-            return Failed(message.seq, str(exc), exc.code)
-        except ModelFailure as exc:
-            return Failed(message.seq, str(exc))
-        except Exception as exc:  # a bug here must fail the batch, not the worker
-            log.error("batch of signature '%s' failed", message.signature, exc_info=True)
-            return Failed(message.seq, f"{type(exc).__name__}: {exc}")
-        return Done(message.seq, outputs, time.perf_counter() - started, dict(servable.traces), replica_rows,
-                    started_at, message.rows, message.counted_rows)
-
-    def _run_merged(self, run: list[Part[tuple[FrontEnd, Run]]]) -> list[Done | Failed]:
-        """Several front-ends' batches of one signature as one model run; each its own rows back."""
+    def _run(self, run: list[Part[tuple[FrontEnd, Run]]]) -> list[Done | Failed]:
+        """One model run of one signature: one front-end's batch, or several front-ends' batches
+        concatenated (each its own rows back). A batch alone is read straight from its slot and its
+        outputs go back as they are (an unbatched signature's need not have a row per input row)."""
         import numpy as np
 
-        started_at = time.monotonic()
+        started_at = time.monotonic()  # CLOCK_MONOTONIC: the server process reads the same clock
         started = time.perf_counter()
         messages = [p.origin[1] for p in run]
         first = messages[0]
         servable = self._loaded.get(first.servable_id)
-        total = sum(m.rows for m in messages)
-        counted = sum(m.counted_rows for m in messages)
 
         def failed(text: str, code: int | None = None) -> list[Done | Failed]:
             return [Failed(m.seq, text, code) for m in messages]
@@ -381,23 +358,25 @@ class _Batches:
             return failed(f"servable {first.servable_id} is not loaded in the model worker")
         try:
             batches = [read_batch(front_end.slots.get(m.slot), m.inputs) for (front_end, m) in (p.origin for p in run)]
-            batch = {name: np.concatenate([b[name] for b in batches], axis=0) for name in batches[0]}
+            batch = batches[0] if len(batches) == 1 else {
+                name: np.concatenate([b[name] for b in batches], axis=0) for name in batches[0]}
             outputs, replica_rows = servable.runners[first.signature].run(batch)
         except ModelError as exc:
             return failed(str(exc), exc.code)
         except ModelFailure as exc:
             return failed(str(exc))
-        except Exception as exc:
-            log.error("merged batch of signature '%s' failed", first.signature, exc_info=True)
+        except Exception as exc:  # a bug here must fail the batch, not the worker
+            log.error("batch of signature '%s' (%d part(s)) failed", first.signature, len(run), exc_info=True)
             return failed(f"{type(exc).__name__}: {exc}")
         seconds = time.perf_counter() - started
         traces = dict(servable.traces)
-        answers: list[Done | Failed] = []
-        for i, (message, (start, end)) in enumerate(zip(messages, cut([m.rows for m in messages]), strict=True)):
-            answers.append(Done(message.seq, {name: array[start:end] for name, array in outputs.items()}, seconds,
-                                traces, shares(replica_rows, start, end), started_at, total,
-                                counted if i == 0 else 0))
-        return answers
+        if len(messages) == 1:
+            return [Done(first.seq, outputs, seconds, traces, replica_rows, started_at, first.rows, first.counted_rows)]
+        total = sum(m.rows for m in messages)
+        counted = sum(m.counted_rows for m in messages)
+        return [Done(m.seq, {name: array[start:end] for name, array in outputs.items()}, seconds, traces,
+                     shares(replica_rows, start, end), started_at, total, counted if i == 0 else 0)
+                for i, (m, (start, end)) in enumerate(zip(messages, cut([m.rows for m in messages]), strict=True))]
 
 
 def _first_call() -> None:
