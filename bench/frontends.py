@@ -9,6 +9,10 @@ front-ends (SO_REUSEPORT spreads connections, not calls). The front-ends' CPU is
 over each run: every process of the server but the model worker (the one that has TensorFlow
 mapped) and multiprocessing's resource tracker. Rows per run come from mirrorserve_batch_rows.
 
+Beside them, the wire ceiling moves with N: the fixed-response server (bench.fixed_server) at N
+processes on one port, driven over gRPC with perf_analyzer's TF Serving kind (the only API it
+answers), so a row shows what N Python gRPC processes can answer on this machine at all.
+
 usage: python -m bench.frontends [--model mlp] [--frontends 1,2,4] [--concurrency 1,64]
        [--protocols grpc,http] [--repeat 3] [--seconds 3] [--server-flags FLAGS]
 """
@@ -25,9 +29,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from bench.launch import ROOT, ServerProcess
 from bench.perf import TRITON, binary, perf_run
-from bench.run import SHAPES, batch_totals, build_models
+from bench.run import SHAPES, Server, _PortFileServer, batch_totals, build_models, in_process_ceiling
 from bench.versus import start
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -89,25 +95,64 @@ class Measured:
     rows_per_run: float | None
 
 
-def measure(server: ServerProcess, model: str, level: int, seconds: float, work: Path,
-            protocol: str = "grpc") -> Measured:
+@dataclass
+class Target:
+    """What one row drives: where, with which perf_analyzer kind and -i, whose CPU is counted, and
+    where its rows per run are read (None: a server without /metrics)."""
+
+    address: str
+    kind: str
+    protocol: str
+    pid: int
+    rest_port: int | None
+
+
+def ours(server: ServerProcess, protocol: str) -> Target:
+    port = server.port if protocol == "grpc" else server.rest_port
+    return Target(f"127.0.0.1:{port}", TRITON, protocol, server.process.pid, server.rest_port)
+
+
+def wire_ceiling(server: Server) -> Target:
+    return Target(server.target, "tfserving", "grpc", server.pid, None)
+
+
+def measure(target: Target, model: str, level: int, seconds: float, work: Path) -> Measured:
     name, shape = SHAPES[model]
-    pids = front_end_pids(server.process.pid)
-    before_rows = batch_totals("127.0.0.1", str(server.rest_port))
+    pids = front_end_pids(target.pid)
+
+    def rows_so_far() -> tuple[float, float] | None:
+        return None if target.rest_port is None else batch_totals("127.0.0.1", str(target.rest_port))
+
+    before_rows = rows_so_far()
     cpu_before, started = cpu_seconds(pids), time.perf_counter()
     os.environ["TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT"] = "1"  # a connection per caller
     path = binary()
     assert path is not None, "perf_analyzer is not installed (make bench installs it)"
-    port = server.port if protocol == "grpc" else server.rest_port
-    run = perf_run(path, f"127.0.0.1:{port}", model, name, shape, level, seconds, TRITON, work / "perf.csv", protocol)
+    run = perf_run(path, target.address, model, name, shape, level, seconds, target.kind, work / "perf.csv",
+                   target.protocol)
     cpu, wall = cpu_seconds(pids) - cpu_before, time.perf_counter() - started
-    after_rows = batch_totals("127.0.0.1", str(server.rest_port))
+    after_rows = rows_so_far()
     rows = None
     if before_rows and after_rows and after_rows[1] > before_rows[1]:
         rows = (after_rows[0] - before_rows[0]) / (after_rows[1] - before_rows[1])
     # perf_analyzer runs a few windows and starts up: CPU over the whole wall time, per request at its rate
     return Measured(run.req_per_s, run.p50_ms, run.p99_ms, cpu / wall, cpu * 1e6 / max(run.req_per_s * wall, 1.0),
                     rows)
+
+
+def fixed_servers(model: str, base: Path, counts: list[int], work: Path) -> dict[int, Server]:
+    """The fixed-response server at each N, replaying the model's answer to one random row."""
+    input_file, response = work / "input.npy", work / "response.pb"
+    np.save(input_file, np.random.default_rng(0).standard_normal(SHAPES[model][1]).astype(np.float32))
+    in_process_ceiling(model, base, input_file, response, 0.1)  # writes the response (and its metadata)
+    starting = {n: _PortFileServer("bench.fixed_server", [str(response), "--processes", str(n)], work, f"fixed-{n}")
+                for n in counts}
+    try:
+        return {n: server.wait() for n, server in starting.items()}
+    except BaseException:
+        for server in starting.values():
+            server.stop()
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,20 +176,28 @@ def main(argv: list[str] | None = None) -> int:
     counts = [int(n) for n in opts.frontends.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        servers = {n: start(ROOT, base, [*shlex.split(opts.server_flags), "--frontends", str(n)],
-                            work / f"server-{n}.log") for n in counts}
+        servers: dict[int, ServerProcess] = {}
+        fixed: dict[int, Server] = {}
         try:
-            say(f"# {opts.model}, perf_analyzer (Triton kind, a connection per caller), medians of {opts.repeat}")
+            servers.update({n: start(ROOT, base, [*shlex.split(opts.server_flags), "--frontends", str(n)],
+                                     work / f"server-{n}.log") for n in counts})
+            if "grpc" in opts.protocols.split(","):
+                fixed.update(fixed_servers(opts.model, base, counts, work))
+            say(f"# {opts.model}, perf_analyzer (a connection per caller), medians of {opts.repeat}")
             say("| protocol | callers | frontends | req/s | p50 ms | p99 ms | front-end cores | front-end µs/req "
                 "| rows/run |")
             say("|---|---|---|---|---|---|---|---|---|")
             levels = [(protocol, int(c)) for protocol in opts.protocols.split(",") for c in opts.concurrency.split(",")]
+            if fixed:
+                levels += [("fixed", int(c)) for c in opts.concurrency.split(",")]
             for protocol, level in levels:
                 runs: dict[int, list[Measured]] = {n: [] for n in counts}
                 for turn in range(opts.repeat):
                     for n in counts if turn % 2 == 0 else list(reversed(counts)):
-                        runs[n].append(measure(servers[n], opts.model, level, opts.seconds, work, protocol))
+                        target = wire_ceiling(fixed[n]) if protocol == "fixed" else ours(servers[n], protocol)
+                        runs[n].append(measure(target, opts.model, level, opts.seconds, work))
                 base_rate = statistics.median(r.req_per_s for r in runs[counts[0]])
+                label = "fixed response, gRPC (TF Serving kind)" if protocol == "fixed" else f"{protocol} (Triton kind)"
                 for n in counts:
                     rs = runs[n]
                     rate = statistics.median(r.req_per_s for r in rs)
@@ -152,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                     rows_text = f"{statistics.median(rows):.1f}" if rows else "-"
                     p50, p99 = statistics.median(r.p50_ms for r in rs), statistics.median(r.p99_ms for r in rs)
                     cores, cpu_us = statistics.median(r.cores for r in rs), statistics.median(r.cpu_us for r in rs)
-                    say(f"| {protocol} | {level} | {n} | {rate:,.0f} ({rate / base_rate:.2f}x) | {p50:.3f} | "
+                    say(f"| {label} | {level} | {n} | {rate:,.0f} ({rate / base_rate:.2f}x) | {p50:.3f} | "
                         f"{p99:.3f} | {cores:.2f} | {cpu_us:.0f} | {rows_text} |")
             say("")
             for n, server in servers.items():
@@ -161,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for server in servers.values():
                 server.stop()
+            for fixed_server in fixed.values():
+                fixed_server.stop()
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / f"frontends-{opts.model}.md").write_text("\n".join(lines) + "\n")
     return 0
