@@ -153,6 +153,10 @@ class Settings:
     """A request log file is closed, and the next one opened, once it holds this many bytes."""
     request_log_max_files: int = 16
     """Request log files kept per model; older ones are deleted (disk use stays bounded)."""
+    hang_timeout_s: float = 30.0
+    """Least time a batch may run before the model worker counts as hung (server.core.watchdog: the
+    limit is the larger of this and 20 x the version's p99 batch time, 3 x this for its first 20
+    batches); then the server drains and exits 1. 0: never."""
     flag_warnings: tuple[str, ...] = ()
     """TF Serving flags accepted and ignored (server.tfs_flags), logged at start."""
 
@@ -296,6 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default -1: none; 0 = any free port)")
     p.add_argument("--max-message-bytes", type=_positive_int, default=64 * 1024 * 1024,
                    help="largest gRPC message received or sent, and largest REST body (default 64 MiB)")
+    p.add_argument("--hang-timeout-s", type=_non_negative_float, default=30.0,
+                   help="least time a batch may run before the model worker counts as hung: its requests get "
+                        "UNAVAILABLE, liveness turns NOT_SERVING, and the server drains and exits 1 (the limit is "
+                        "the larger of this and 20x the version's p99 batch time; 3x this for its first 20 "
+                        "batches; default 30; 0: never)")
     p.add_argument("--drain-delay-s", type=_non_negative_float, default=2.0,
                    help="on SIGTERM/SIGINT keep accepting this long after health turns NOT_SERVING (default 2)")
     p.add_argument("--grace-period-s", type=_non_negative_float, default=25.0,

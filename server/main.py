@@ -41,7 +41,7 @@ from server.core.repository import repository_sources
 from server.core.servables import Registry
 from server.core.statistics import VersionStatistics
 from server.errors import Unavailable
-from server.frontends import loop_lag, monitoring_config
+from server.frontends import cpu_share, loop_lag, monitoring_config
 from server.frontends.fleet import Fleet
 from server.frontends.front_end import FrontEnd
 
@@ -104,6 +104,24 @@ async def serve(settings: Settings) -> int:
             stop_requested_at.append(time.monotonic())
         stop.set()
 
+    def worker_hung(why: str) -> None:
+        """A batch outran its time limit (server.core.watchdog) here or in another front-end: the
+        worker may never answer again. Drain (the other models are answered meanwhile) and exit 1,
+        so the orchestrator restarts the server, as for a dead worker: a fresh process also gets
+        a fresh device, which a hung kernel may have left unusable."""
+        nonlocal exit_code
+        exit_code = 1
+        log.error("stopping: the model worker is hung (%s); liveness NOT_SERVING", why)
+        tasks.append(loop.create_task(health.set_live(False), name="liveness"))
+        if not stop_requested_at:
+            stop_requested_at.append(time.monotonic())
+        stop.set()
+
+    def batch_hung(servable_id: int, why: str) -> None:
+        servable = lifecycle.servable(servable_id) if lifecycle is not None else None
+        where = f"model {servable.name} version {servable.version}" if servable is not None else "a model"
+        worker_hung(f"{where}: {why}")
+
     tasks: list[asyncio.Task[None]] = []
 
     def count_traces(servable_id: int, traces: dict[str, int]) -> None:
@@ -116,7 +134,7 @@ async def serve(settings: Settings) -> int:
                 metrics.TRACES.labels(servable.name, str(servable.version), name).inc(total - seen.get(name, 0))
                 seen[name] = total
 
-    worker = ModelProcess(settings, on_traces=count_traces, on_lost=worker_lost)
+    worker = ModelProcess(settings, on_traces=count_traces, on_lost=worker_lost, on_hung=batch_hung)
 
     async def announce() -> None:
         # Loading TensorFlow and the models leaves ~270k Python objects; one full garbage
@@ -171,7 +189,7 @@ async def serve(settings: Settings) -> int:
         fleet = Fleet(settings, worker, registry, devices=len(started.devices), ports=(port, rest_port),
                       control=control, metrics_paths=metrics_paths, serving=ready,
                       configured=lambda: lifecycle.configured if lifecycle is not None else (),
-                      apply_sources=lambda sources: _apply(lifecycle, sources))
+                      apply_sources=lambda sources: _apply(lifecycle, sources), on_hung=worker_hung)
         await fleet.start(settings.frontends - 1)
     lifecycle = Lifecycle(settings, worker, registry, len(started.devices), batching, on_change=models_changed,
                           may_serve_none=settings.model_repository is not None,
@@ -187,6 +205,8 @@ async def serve(settings: Settings) -> int:
             lifecycle.poll_config_file(settings.model_config_file, config_text), name="poll-config"))
 
     tasks.append(loop.create_task(loop_lag.watch(), name="loop-lag"))
+    tasks.append(loop.create_task(worker.watch(), name="hang-watch"))
+    tasks.append(loop.create_task(cpu_share.count(settings.frontends), name="cpu-share"))
     memory.trim_periodically()
     await stop.wait()
     for task in tasks:

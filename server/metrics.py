@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from typing import TYPE_CHECKING
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
@@ -75,6 +76,14 @@ QUEUE_REQUESTS = Gauge("mirrorserve_queue_requests", "Requests with rows waiting
                        "together).", ["model", "version"], multiprocess_mode="livesum")
 BATCHES_IN_FLIGHT = Gauge("mirrorserve_batches_in_flight", "Batches executing now, or handed to the model worker "
                           "(all front-ends together).", ["model", "version"], multiprocess_mode="livesum")
+MODEL_BUSY_SECONDS = Counter(
+    "mirrorserve_model_busy_seconds_total", "Seconds the version had batches in flight, weighted by 1 / its "
+    "in-flight limit (and averaged over front-ends): its rate is the share of time the model is busy, 0 idle to 1 "
+    "saturated, which the autoscaler scales on (server.metrics.BusyClock).", ["model", "version"])
+FRONTEND_BUSY_SECONDS = Counter(
+    "mirrorserve_frontend_busy_seconds_total", "CPU seconds of the front-end processes over their count: its rate "
+    "is the average front-end's share of the one core its GIL allows, 0 idle to about 1 saturated "
+    "(server.frontends.cpu_share).", [])
 MODEL_READY = Gauge(
     "mirrorserve_model_ready",
     "1 while the version is loaded, warmed up and serving; 0 while it loads, unloads or the server drains.",
@@ -229,11 +238,40 @@ def forget_version(model: str, version: str) -> None:
             gauge.remove(model, version)
 
 
+class BusyClock:
+    """How busy a version's model is: the share of wall time with a batch in flight, over the
+    in-flight limit; what the autoscaler scales on.
+
+    Queue time mixes the deliberate batching wait with the wait behind a running batch, so a model
+    of 50 ms batches passes any fixed queue-time target at modest load, and a 1 ms model only at
+    saturation. The busy share means the same for both: 0 idle, 1 when a batch is always in flight
+    (every slot of --max-inflight-batches, with several front-ends in each of them, on average).
+
+    Exported as a counter of busy seconds (mirrorserve_model_busy_seconds_total), so its rate over
+    any window is the busy share over that window. Each front-end weighs its own in-flight batches by
+    1 / (in-flight limit x front-ends): their counters add up to the average over front-ends.
+    Pure: the caller passes the clock."""
+
+    def __init__(self, max_inflight: int, frontends: int, now: float) -> None:
+        self._weight = 1.0 / (max_inflight * frontends)
+        self._in_flight = 0
+        self._since = now
+
+    def change(self, delta: int, now: float) -> float:
+        """A batch went in flight (+1) or came back (-1) at `now`: the busy seconds since the last
+        change, to add to the counter."""
+        busy = max(now - self._since, 0.0) * self._in_flight * self._weight
+        self._since = now
+        self._in_flight += delta
+        return busy
+
+
 class BatcherMetrics:
     """The batcher's observer (server.core.batcher.BatchObserver), with the labels bound once; it
     records the version's statistics (Triton's ModelStatistics) from the same readings."""
 
-    def __init__(self, model: str, version: str, statistics: VersionStatistics) -> None:
+    def __init__(self, model: str, version: str, statistics: VersionStatistics, max_inflight: int = 1,
+                 frontends: int = 1) -> None:
         # The queue gauges are read when scraped rather than set on every change: the batcher
         # reports a change several times per request, and each set takes a lock.
         self.queued_rows = 0
@@ -243,6 +281,8 @@ class BatcherMetrics:
             self._shared_queue[0].set_function(lambda: self.queued_rows)
             self._shared_queue[1].set_function(lambda: self.queued_requests)
         self._in_flight = BATCHES_IN_FLIGHT.labels(model, version)
+        self._busy = BusyClock(max_inflight, frontends, time.monotonic())
+        self._busy_seconds = MODEL_BUSY_SECONDS.labels(model, version)
         self._batch_rows = BATCH_ROWS.labels(model, version)
         self._batch_seconds = BATCH_SECONDS.labels(model, version)
         self._queue_seconds = QUEUE_SECONDS.labels(model, version)
@@ -259,9 +299,11 @@ class BatcherMetrics:
 
     def batch_started(self, rows: int) -> None:
         self._in_flight.inc()
+        self._busy_seconds.inc(self._busy.change(+1, time.monotonic()))
 
     def batch_finished(self, rows: int, padded: int, timing: BatchTiming | None, counted: int) -> None:
         self._in_flight.dec()
+        self._busy_seconds.inc(self._busy.change(-1, time.monotonic()))
         if counted:
             self._batch_rows.observe(counted)
         if timing is not None:

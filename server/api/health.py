@@ -6,6 +6,11 @@ Models added later by a config change do not flip a serving pod back (GetModelSt
 their state): a ConfigMap change reaches every pod at once, and must not take them all out.
 The services are named by main from each front-end's descriptor, never typed out
 (a renamed service cannot go unnoticed); this module imports no front-end.
+
+Liveness is apart (service "liveness", Kubernetes' livenessProbe): SERVING from the start, loading
+included, since a restart would not load faster; NOT_SERVING once the model worker has stopped
+making progress (server.core.watchdog) or is gone, or a drain has begun. A front-end whose event
+loop is stuck does not answer at all, which fails the probe too.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+LIVENESS = "liveness"
 
 
 class Health:
@@ -32,6 +38,10 @@ class Health:
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
         for name in self.names:
             await self.servicer.set(name, status)
+
+    async def set_live(self, live: bool) -> None:
+        await self.servicer.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING if live
+                                else health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def start_drain(self) -> None:
         """NOT_SERVING everywhere, and no later change can flip it back."""

@@ -140,7 +140,8 @@ class WarmUp(Protocol):
         """Run them on the loaded version before it serves; LoadError fails its load."""
 
 
-def batcher_for(servable: Servable, policy: BatchingPolicy, worker: Runner, devices: int) -> Batcher:
+def batcher_for(servable: Servable, policy: BatchingPolicy, worker: Runner, devices: int,
+                frontends: int = 1) -> Batcher:
     """A version's batcher, started: its batches go to the model worker through `worker` (this
     front-end's link to it)."""
     labels = (servable.name, str(servable.version))
@@ -167,7 +168,7 @@ def batcher_for(servable: Servable, policy: BatchingPolicy, worker: Runner, devi
         max_queued_rows=policy.max_queued_rows,
         max_inflight=policy.max_inflight_batches,
         allowed_batch_sizes=policy.allowed_batch_sizes,
-        observer=metrics.BatcherMetrics(*labels, servable.statistics),
+        observer=metrics.BatcherMetrics(*labels, servable.statistics, policy.max_inflight_batches, frontends),
         name=f"model '{servable.name}' version {servable.version}",
         whole=(lambda key: True) if not policy.batching else _unbatched,
     )
@@ -426,7 +427,7 @@ class Lifecycle:
         return batching_policy.apply(self._batching, model.source.batching)
 
     def _batcher_for(self, servable: Servable, policy: BatchingPolicy) -> Batcher:
-        return batcher_for(servable, policy, self._worker, self._devices)
+        return batcher_for(servable, policy, self._worker, self._devices, self._settings.frontends)
 
     async def _unload(self, model: Model, servable: Servable) -> None:
         labels = (servable.name, str(servable.version))

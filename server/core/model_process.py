@@ -7,7 +7,10 @@ messages of any size); each answer resolves the waiting batch's future. There is
 batch in flight, so the server never overwrites inputs the worker may still be reading. Slots
 reach the worker as file descriptors over a second socket of their own, so the channel carries
 nothing but pickled messages. The worker is taken for gone only when the channel ends: EOF, a
-reset or a broken pipe.
+reset or a broken pipe, or when a batch outruns its time limit (server.core.watchdog, `watch`):
+then the worker counts as hung, that version's waiting batches fail with UNAVAILABLE, and
+`on_hung` tells the server, which drains and exits 1 (as for a dead worker) so the orchestrator
+restarts it. Its other versions keep being answered until then.
 
 With several front-end processes (--frontends), each has a WorkerLink of its own, to the same
 worker: its own channel and its own slots. The primary's link is the ModelProcess, which also
@@ -25,6 +28,7 @@ import mmap
 import multiprocessing
 import os
 import socket
+import time
 from collections.abc import Callable, Sequence
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
@@ -32,6 +36,7 @@ from typing import Any
 
 from server.config import Settings
 from server.core.assembly import Tensors
+from server.core.watchdog import BatchTimes, HangRule
 from server.core.worker_channel import WorkerChannel
 from server.core.worker_protocol import (
     AttachFrontEnd,
@@ -59,6 +64,8 @@ KEEP_RESIDENT_BYTES = 16 << 20
 INLINE_WRITE_BYTES = 4 << 20
 """Batches up to this size are copied into their slot on the loop (about a millisecond); larger
 ones on a thread, so the loop serves other requests meanwhile."""
+WATCH_TICK_S = 1.0
+"""How often `watch` looks for a batch past its time limit."""
 CLEAN_EXIT = {"FileNotFoundError": FileNotFoundError, "ValueError": ValueError, "OSError": OSError}
 
 
@@ -92,9 +99,17 @@ class WorkerLink:
         *,
         on_traces: Callable[[int, dict[str, int]], None] = lambda servable_id, traces: None,
         on_lost: Callable[[str], None] = lambda why: None,
+        on_hung: Callable[[int, str], None] = lambda servable_id, why: None,
+        hang_rule: HangRule | None = None,
     ) -> None:
         self._on_traces = on_traces
         self._on_lost = on_lost
+        self._on_hung = on_hung
+        self._hang_rule = hang_rule or HangRule(floor_s=0)
+        self._times: dict[int, BatchTimes] = {}
+        """Each servable's recent batch times, for its time limit."""
+        self._hung: dict[int, str] = {}
+        """Servables with a batch past its limit, and why: their batches are refused from then on."""
         self._channel: WorkerChannel | None = None
         self._handles: Connection | None = None
         """Where slots' file descriptors go (blocking: a few bytes each, read at once by the worker)."""
@@ -103,7 +118,8 @@ class WorkerLink:
         self._free: list[int] = []
         self._slots = 0
         """Slots handed out so far; a slot is in use from run() until its answer arrives."""
-        self._pending: dict[int, tuple[asyncio.Future[Done], int, int]] = {}
+        self._pending: dict[int, tuple[asyncio.Future[Done], int, int, float]] = {}
+        """seq -> (its answer, its slot, its servable, when it was sent)."""
         self._seq = itertools.count()
         self._lost: str | None = None
 
@@ -131,6 +147,8 @@ class WorkerLink:
         model spent and the rows each replica ran. `rows`: the parts' rows (padding included),
         `counted_rows` without padding."""
         self._check_alive()
+        if servable_id in self._hung:
+            raise Unavailable(f"the model worker is hung ({self._hung[servable_id]}); retry on another replica")
         if self._free:
             slot = self._free.pop()
         else:
@@ -149,7 +167,7 @@ class WorkerLink:
             raise
         seq = next(self._seq)
         future: asyncio.Future[Done] = asyncio.get_running_loop().create_future()
-        self._pending[seq] = (future, slot, servable_id)
+        self._pending[seq] = (future, slot, servable_id, time.monotonic())
         self._send(Run(seq, servable_id, signature, slot, placed, rows, counted_rows))
         return await future
 
@@ -184,7 +202,10 @@ class WorkerLink:
         if not isinstance(message, Done | Failed):
             log.error("unexpected message from the model worker: %r", type(message).__name__)
             return
-        future, slot, servable_id = self._pending.pop(message.seq)
+        pending = self._pending.pop(message.seq, None)
+        if pending is None:  # a batch given up as hung, done at last: its slot stays out of use
+            return
+        future, slot, servable_id, sent = pending
         self._reuse(slot)
         if isinstance(message, Failed):
             if not future.done():
@@ -192,6 +213,7 @@ class WorkerLink:
                                      else ModelError(message.message, message.code))
             return
         self._on_traces(servable_id, message.traces)
+        self._times.setdefault(servable_id, BatchTimes(self._hang_rule.window)).add(time.monotonic() - sent)
         if not future.done():
             future.set_result(message)
 
@@ -220,7 +242,35 @@ class WorkerLink:
         self._on_lost(why)
 
     def _waiting(self) -> list[asyncio.Future[Any]]:
-        return [f for f, _, _ in self._pending.values()]
+        return [f for f, _, _, _ in self._pending.values()]
+
+    async def watch(self) -> None:
+        """Until cancelled: every WATCH_TICK_S, look for a batch past its time limit."""
+        if not self._hang_rule.enabled:
+            return
+        while self._lost is None:
+            await asyncio.sleep(WATCH_TICK_S)
+            self.check_hung(time.monotonic())
+
+    def check_hung(self, now: float) -> None:
+        """Declare hung each servable that has a batch past its time limit: fail its waiting
+        batches (their slots stay out of use: the worker may still write to them), refuse its
+        later ones, and tell the server."""
+        for seq, (_, _, servable_id, sent) in list(self._pending.items()):
+            if servable_id in self._hung or seq not in self._pending:
+                continue
+            limit = self._hang_rule.limit_s(self._times.get(servable_id) or BatchTimes())
+            if now - sent <= limit:
+                continue
+            why = f"a batch has run {now - sent:.0f}s, past its limit of {limit:.0f}s"
+            self._hung[servable_id] = why
+            hung = Unavailable(f"the model worker is hung ({why}); the server restarts; retry on another replica")
+            for other, (future, _, other_id, _) in list(self._pending.items()):
+                if other_id == servable_id:
+                    del self._pending[other]
+                    if not future.done():
+                        future.set_exception(hung)
+            self._on_hung(servable_id, why)
 
     def _close_channel(self) -> None:
         if self._channel is not None:
@@ -247,8 +297,10 @@ class ModelProcess(WorkerLink):
         *,
         on_traces: Callable[[int, dict[str, int]], None] = lambda servable_id, traces: None,
         on_lost: Callable[[str], None] = lambda why: None,
+        on_hung: Callable[[int, str], None] = lambda servable_id, why: None,
     ) -> None:
-        super().__init__(on_traces=on_traces, on_lost=on_lost)
+        super().__init__(on_traces=on_traces, on_lost=on_lost, on_hung=on_hung,
+                         hang_rule=HangRule(floor_s=settings.hang_timeout_s))
         self._settings = settings
         self._first: asyncio.Future[object] | None = None
         self._process: Any = None

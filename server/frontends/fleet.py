@@ -39,6 +39,7 @@ from server.frontends.view import (
     SourcesApplied,
     StatisticsFound,
     StatisticsWanted,
+    WorkerHung,
     add_statistics,
     own_statistics,
     snapshot,
@@ -87,7 +88,8 @@ class Fleet:
     def __init__(self, settings: Settings, worker: ModelProcess, registry: Registry, *, devices: int,
                  ports: tuple[int, int], control: ControlPlane, metrics_paths: tuple[str, ...],
                  serving: Callable[[], bool], configured: Callable[[], Sequence[str]],
-                 apply_sources: Callable[[list[ModelSource]], Awaitable[list[str]]]) -> None:
+                 apply_sources: Callable[[list[ModelSource]], Awaitable[list[str]]],
+                 on_hung: Callable[[str], None]) -> None:
         self._settings = settings
         self._worker = worker
         self._registry = registry
@@ -98,6 +100,7 @@ class Fleet:
         self._serving = serving
         self._configured = configured
         self._apply_sources = apply_sources
+        self._on_hung = on_hung
         self._members: dict[int, _Member] = {}
         self._seq = 0
         self._stopping = False
@@ -147,6 +150,8 @@ class Fleet:
                 found.set_result(message.found)
         elif isinstance(message, StatisticsWanted):
             self._spawn_task(self._statistics_for(member, message))
+        elif isinstance(message, WorkerHung):
+            self._on_hung(f"seen by front-end {member.index}: {message.why}")
         else:
             log.error("unexpected message from front-end %d: %r", member.index, type(message).__name__)
 

@@ -33,10 +33,11 @@ log = logging.getLogger("server.frontends.follower")
 
 class Follower:
     def __init__(self, registry: Registry, worker: Runner, devices: int,
-                 on_serving: Callable[[bool], Any]) -> None:
+                 on_serving: Callable[[bool], Any], frontends: int = 1) -> None:
         self._registry = registry
         self._worker = worker
         self._devices = devices
+        self._frontends = frontends
         self._on_serving = on_serving
         self.configured: tuple[str, ...] = ()
         self._by_id: dict[int, Servable] = {}
@@ -63,7 +64,7 @@ class Follower:
                         servable.signature_defs = v.signature_defs
                         servable.batching = v.batching
                         servable.predictor = Predictor(v.info, batcher_for(servable, v.batching, self._worker,
-                                                                           self._devices))
+                                                                           self._devices, self._frontends))
                         self._by_id[v.id] = servable
                     servable.state = State.AVAILABLE
                 elif servable is None:  # not served here: a record for its status only

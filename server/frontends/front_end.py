@@ -118,6 +118,7 @@ class FrontEnd:
         """Bind and start both servers (health NOT_SERVING until set_serving); port 0 picks one."""
         settings = self.settings
         await self.health.set_serving(False)
+        await self.health.set_live(True)
         credentials = server_credentials(settings)
         address = grpc_address(settings.grpc_bind_address, grpc_port)
         port = (self.server.add_insecure_port(address) if credentials is None

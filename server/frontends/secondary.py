@@ -22,8 +22,9 @@ from server.api.control import ControlPlane
 from server.config import Settings
 from server.core.model_process import WorkerLink
 from server.core.servables import Registry
+from server.core.watchdog import HangRule
 from server.core.worker_channel import WorkerChannel
-from server.frontends import loop_lag
+from server.frontends import cpu_share, loop_lag
 from server.frontends.follower import Follower, RemoteModels
 from server.frontends.front_end import FrontEnd
 from server.frontends.view import (
@@ -33,6 +34,7 @@ from server.frontends.view import (
     StatisticsFound,
     StatisticsWanted,
     View,
+    WorkerHung,
     own_statistics,
 )
 
@@ -68,7 +70,17 @@ async def _serve(settings: Settings, index: int, primary_sock: socket.socket, wo
             exit_code[0] = code
             stopping.set()
 
-    link = WorkerLink(on_lost=lambda why: stop(0.0, 1))
+    def hung(servable_id: int, why: str) -> None:
+        """Tell the primary, which stops every front-end (we stop when it says Drain)."""
+        found = [(s.name, s.version) for m in registry.models.values() for s in m.versions.values()
+                 if s.id == servable_id]
+        where = f"model {found[0][0]} version {found[0][1]}" if found else "a model"
+        log.error("front-end %d: the model worker is hung (%s: %s)", index, where, why)
+        live.append(asyncio.ensure_future(front.health.set_live(False)))
+        channel.send(WorkerHung(f"{where}: {why}"))
+
+    live: list[asyncio.Future[None]] = []
+    link = WorkerLink(on_lost=lambda why: stop(0.0, 1), on_hung=hung, hang_rule=HangRule(settings.hang_timeout_s))
     await link.connect(worker_sock, worker_handles, worker_pid)
 
     async def on_serving(now: bool) -> None:
@@ -76,7 +88,7 @@ async def _serve(settings: Settings, index: int, primary_sock: socket.socket, wo
         if not stopping.is_set():
             await front.health.set_serving(now)
 
-    follower = Follower(registry, link, devices, on_serving)
+    follower = Follower(registry, link, devices, on_serving, settings.frontends)
     views: asyncio.Queue[View] = asyncio.Queue()
 
     def on_message(message: object) -> None:
@@ -115,7 +127,9 @@ async def _serve(settings: Settings, index: int, primary_sock: socket.socket, wo
                 log.exception("front-end %d: applying view %d failed", index, view.seq)
             channel.send(Applied(view.seq))
 
-    tasks = [asyncio.create_task(follow(), name="follow"), asyncio.create_task(loop_lag.watch(), name="loop-lag")]
+    tasks = [asyncio.create_task(follow(), name="follow"), asyncio.create_task(loop_lag.watch(), name="loop-lag"),
+             asyncio.create_task(link.watch(), name="hang-watch"),
+             asyncio.create_task(cpu_share.count(settings.frontends), name="cpu-share")]
     memory.trim_periodically()
     log.debug("front-end %d listening grpc_port=%d rest_api_port=%d", index, front.port, front.rest_port)
     await stopping.wait()

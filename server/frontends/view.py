@@ -101,6 +101,14 @@ def add_statistics(into: dict[int, list[VersionStatistics]], found: dict[int, li
 
 
 @dataclass(frozen=True)
+class WorkerHung:
+    """A front-end other than the primary saw one of its batches outrun its time limit
+    (server.core.watchdog): the primary stops the server, as for a dead worker."""
+
+    why: str
+
+
+@dataclass(frozen=True)
 class Drain:
     """The server is stopping: turn health NOT_SERVING, refuse new calls after `delay_s`, finish
     the accepted ones, and exit."""

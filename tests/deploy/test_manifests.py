@@ -84,15 +84,18 @@ def test_probes_are_grpc_health_checks_on_the_serving_port(rendered: tuple[str, 
     main = container(objects)
     ports = {p["name"]: p["containerPort"] for p in main["ports"]}
     assert ports == {"grpc": int(env_value(main, "MIRRORSERVE_PORT")),
-                     "http": int(env_value(main, "MIRRORSERVE_REST_API_PORT"))}
+                     "http": int(env_value(main, "MIRRORSERVE_REST_API_PORT")),
+                     "metrics": int(env_value(main, "MIRRORSERVE_METRICS_PORT"))}
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert main[probe]["grpc"]["port"] == ports["grpc"], probe
+    for probe in ("startupProbe", "readinessProbe"):
         assert main[probe].get("grpc", {}).get("service", "") == "", "the overall health ('') says SERVING"
+    assert main["livenessProbe"]["grpc"]["service"] == "liveness", "liveness: the worker makes progress"
     startup = main["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 300, "room to load a large model"
     annotations = one(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
-    assert int(annotations["prometheus.io/port"]) == ports["http"], "metrics are served on the REST port"
+    assert int(annotations["prometheus.io/port"]) == ports["metrics"], "scraped outside the API's admission limit"
     assert annotations["prometheus.io/path"] == "/metrics"
 
 
@@ -142,11 +145,11 @@ def test_autoscaler_metric_is_the_adapter_rule(rendered: tuple[str, list[dict[st
     overlay, objects = rendered
     hpa = one(objects, "HorizontalPodAutoscaler")
     assert hpa["spec"]["scaleTargetRef"]["name"] == one(objects, "Deployment")["metadata"]["name"]
-    kinds = [m["type"] for m in hpa["spec"]["metrics"]]
-    assert kinds == (["Resource", "Pods"] if overlay == "cpu" else ["Pods"])
-    pods_metric = next(m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods")
+    assert [m["type"] for m in hpa["spec"]["metrics"]] == ["Pods", "Pods"], overlay
+    pods_metrics = [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]]
+    assert pods_metrics == ["mirrorserve_busy_share", "mirrorserve_queue_fill"], "busy share first"
     rules = yaml.safe_load((DEPLOY / "k8s" / "prometheus-adapter" / "rules.yaml").read_text())["rules"]
-    assert [r["name"]["as"] for r in rules] == [pods_metric]
+    assert [r["name"]["as"] for r in rules] == pods_metrics
 
 
 def test_gpu_overlay_runs_one_replica_per_gpu() -> None:
@@ -181,6 +184,7 @@ def test_servicemonitor_component_selects_the_metrics_port(tmp_path: Path) -> No
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["port"] == "metrics", "scraped on the metrics port, outside the API's admission limit"
     annotations = one(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]
     assert endpoint["path"] == annotations["prometheus.io/path"]
 

@@ -16,6 +16,8 @@ Each is tiny and deterministic, made to expose one property of the server:
   bodies of 64 rows go to the body decoder's helper process) and Classify of tf.Examples.
 - checked: asserts its inputs are positive and gathers from a 3-entry table by an index it is
   sent: TensorFlow's own errors (InvalidArgumentError) on bad rows.
+- hang: doubles its input, but a positive input starts a tf.while_loop of 2**62 steps, a batch
+  that does not return for centuries (the worker watchdog's test).
 """
 
 from __future__ import annotations
@@ -255,3 +257,16 @@ def build_rolling(version_dir: Path, version: int) -> None:
     module = Rolling(version)
     tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.predict,
                                                              "classify": module.classify})
+
+
+class Hang(tf.Module):
+    @tf.function(input_signature=[tf.TensorSpec([None, 1], tf.float32, name="x")])
+    def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+        steps = tf.cast(tf.reduce_max(x) > 0, tf.int64) * (1 << 62)
+        (done,) = tf.while_loop(lambda i: i < steps, lambda i: (i + 1,), (tf.constant(0, tf.int64),))
+        return {"y": x * 2 + tf.cast(done, tf.float32) * 0}
+
+
+def build_hang(version_dir: Path) -> None:
+    module = Hang()
+    tf.saved_model.save(module, str(version_dir), signatures={"serving_default": module.serve})

@@ -198,14 +198,16 @@ def test_dashboard_alert_and_autoscaler_queries_run_on_live_metrics(
     queries = dashboard_queries()
     assert len(queries) >= 10
     alert_exprs = [rule["expr"] for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
-    (adapter,) = yaml.safe_load(ADAPTER_RULES.read_text())["rules"]
-    adapter_expr = (adapter["metricsQuery"].replace("<<.LabelMatchers>>", 'job="mirrorserve"')
-                    .replace("<<.GroupBy>>", "instance"))
-    for expr in [e for _, e in queries] + alert_exprs + [adapter_expr, adapter["seriesQuery"]]:
+    adapter_rules = yaml.safe_load(ADAPTER_RULES.read_text())["rules"]
+    adapter_exprs = [(f"prometheus-adapter rule {rule['name']['as']}",
+                      rule["metricsQuery"].replace("<<.LabelMatchers>>", 'job="mirrorserve"')
+                      .replace("<<.GroupBy>>", "instance")) for rule in adapter_rules]
+    series_queries = [rule["seriesQuery"] for rule in adapter_rules]
+    for expr in [e for _, e in queries] + alert_exprs + [e for _, e in adapter_exprs] + series_queries:
         names = set(METRIC.findall(expr))
         assert names and names <= exported, f"{expr!r} names metrics the server does not export: {names - exported}"
 
-    for title, expr in [*queries, ("prometheus-adapter rule", adapter_expr)]:
+    for title, expr in [*queries, *adapter_exprs]:
         local = expr.replace("$__rate_interval", "30s").replace("$namespace", ".*").replace("$model", ".*")
         deadline = time.monotonic() + 30
         result = prometheus.series(local)
