@@ -118,8 +118,9 @@ class Settings:
     """Whether calls that change the served models (HandleReloadConfigRequest) are allowed at all;
     off by default, when they are PERMISSION_DENIED."""
     admin_token_file: str | None
-    """Tokens that model management calls must carry (authorization: Bearer TOKEN), one per line,
-    optionally 'NAME TOKEN' to log a name; with mutual TLS a client certificate is enough."""
+    """Who may manage models: tokens calls must carry (authorization: Bearer TOKEN), one per line,
+    optionally 'NAME TOKEN' to log a name; and 'client-certificate NAME' lines naming admins'
+    client certificates (subject common name or subjectAltName) under mutual TLS."""
     model_roots: tuple[str, ...]
     """Folders a model management call may point a base path into (symlinks resolved); empty: the
     folders holding the start-up models."""
@@ -157,6 +158,9 @@ class Settings:
     """Least time a batch may run before the model worker counts as hung (server.core.watchdog: the
     limit is the larger of this and 20 x the version's p99 batch time, 3 x this for its first 20
     batches); then the server drains and exits 1. 0: never."""
+    admin_client_ca_file: str | None = None
+    """PEM CA certificates: client certificates they issued directly may manage models (mutual TLS);
+    they are trusted for the handshake beside tls_client_ca_file's."""
     flag_warnings: tuple[str, ...] = ()
     """TF Serving flags accepted and ignored (server.tfs_flags), logged at start."""
 
@@ -344,8 +348,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "each must carry a token of --admin-token-file, or come over mutual TLS (default: off, "
                         "such calls are PERMISSION_DENIED)")
     p.add_argument("--admin-token-file", default=None, metavar="FILE",
-                   help="tokens model management calls must carry as 'authorization: Bearer TOKEN', one per "
-                        "line, optionally 'NAME TOKEN' (the name is logged, never the token)")
+                   help="who may manage models: tokens calls must carry as 'authorization: Bearer TOKEN', one per "
+                        "line, optionally 'NAME TOKEN' (the name is logged, never the token); and under mutual TLS "
+                        "'client-certificate NAME' lines, a client certificate's subject common name or "
+                        "subjectAltName")
+    p.add_argument("--admin-client-ca-file", default=None, metavar="FILE",
+                   help="PEM CA certificates whose directly issued client certificates may manage models over "
+                        "mutual TLS (they may also connect, beside --tls-client-ca-file's)")
     p.add_argument("--model-root", dest="model_roots", action="append", default=None, metavar="DIR",
                    help="a folder model management calls may point base paths into, symlinks resolved "
                         f"(repeatable; in the environment, separated by '{os.pathsep}'; default: the folders "
@@ -545,8 +554,11 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
     ns.model_roots = tuple(ns.model_roots or ())
     if ns.admin_token_file is not None and not ns.enable_model_management:
         parser.error("--admin-token-file is for model management calls; give --enable-model-management too")
-    if ns.enable_model_management and ns.admin_token_file is None and ns.tls_client_ca_file is None:
-        parser.error("--enable-model-management needs a credential: --admin-token-file, or mutual TLS "
-                     "(--tls-client-ca-file)")
+    if ns.admin_client_ca_file is not None and (not ns.enable_model_management or ns.tls_client_ca_file is None):
+        parser.error("--admin-client-ca-file names who may manage models over mutual TLS; give "
+                     "--enable-model-management and --tls-client-ca-file too")
+    if ns.enable_model_management and ns.admin_token_file is None and ns.admin_client_ca_file is None:
+        parser.error("--enable-model-management needs a credential: --admin-token-file (tokens, or admins' client "
+                     "certificates by name), or --admin-client-ca-file")
     fields = {f.name for f in dataclasses.fields(Settings)}
     return Settings(**{k: v for k, v in vars(ns).items() if k in fields}, flag_warnings=tuple(flag_warnings))

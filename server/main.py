@@ -31,7 +31,7 @@ from pathlib import Path
 from prometheus_client import start_http_server
 
 from server import event_loop, logs, memory, metrics
-from server.api.control import ControlPlane, default_roots, read_tokens
+from server.api.control import Admins, ControlPlane, default_roots, read_admins
 from server.api.warmup import Warmup
 from server.config import Settings, parse_settings
 from server.core import batching_policy, model_config
@@ -68,9 +68,10 @@ async def serve(settings: Settings) -> int:
     metrics_paths = monitoring_config.metrics_paths(settings.monitoring_config_file)  # a bad file exits 2
     batching = batching_policy.server_policy(settings)  # a bad --batching_parameters_file exits 2
     config_text = Path(settings.model_config_file).read_text() if settings.model_config_file else ""
-    tokens = read_tokens(settings.admin_token_file) if settings.admin_token_file else {}
-    control = ControlPlane(settings.enable_model_management, tokens, settings.tls_client_ca_file is not None,
-                           settings.model_roots)
+    admins = read_admins(settings.admin_token_file) if settings.admin_token_file else Admins({})
+    admin_ca = Path(settings.admin_client_ca_file).read_bytes() if settings.admin_client_ca_file else b""
+    control = ControlPlane(settings.enable_model_management, admins.tokens, settings.tls_client_ca_file is not None,
+                           settings.model_roots, admins.certificates, admin_ca)
     registry = Registry()
     lifecycle: Lifecycle | None = None
     fleet: Fleet | None = None
@@ -183,7 +184,8 @@ async def serve(settings: Settings) -> int:
         control = control.with_roots(default_roots(sources) if settings.model_repository is None
                                      else (settings.model_repository,))
     if settings.enable_model_management:
-        log.info("model management is on: tokens=%d mutual_tls=%s model_roots=%s", len(tokens),
+        log.info("model management is on: tokens=%d admin_certificates=%d admin_client_ca=%s mutual_tls=%s "
+                 "model_roots=%s", len(admins.tokens), len(admins.certificates), bool(admin_ca),
                  settings.tls_client_ca_file is not None, ",".join(control.roots))
     if settings.frontends > 1:
         fleet = Fleet(settings, worker, registry, devices=len(started.devices), ports=(port, rest_port),

@@ -6,13 +6,17 @@ calls later) is refused unless all three hold:
 
 1. the server was started with --enable-model-management (else PERMISSION_DENIED, naming it);
 2. the call carries `authorization: Bearer TOKEN` with a token of --admin-token-file, compared in
-   constant time, or comes over mutual TLS with a client certificate (else UNAUTHENTICATED);
+   constant time (else UNAUTHENTICATED), or comes over mutual TLS with an admin's client
+   certificate: one whose subject common name or a subjectAltName is on a `client-certificate
+   NAME` line of that file, or one issued by a certificate of --admin-client-ca-file. Inference
+   clients hold certificates of --tls-client-ca-file too, so any other certificate is
+   PERMISSION_DENIED, logged with its names;
 3. every base path it names resolves, symlinks followed, inside a --model-root (by default the
    folders holding the start-up models); else INVALID_ARGUMENT, checked before the path is looked
    at, so the answer does not tell whether it exists.
 
 Every such call is logged with its peer, who it was (the token's name, never the token; or the
-certificate's subject) and its outcome. TF Serving leaves its ModelService open to anyone who
+certificate's names) and its outcome. TF Serving leaves its ModelService open to anyone who
 reaches the port; this server does not.
 """
 
@@ -26,6 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.serialization import Encoding
+
 from server.core.model_config import ModelSource
 from server.errors import InvalidInput, PermissionDenied, Unauthenticated
 
@@ -34,11 +42,25 @@ log = logging.getLogger("server.control")
 BEARER = "bearer "
 
 
-def read_tokens(path: str) -> dict[str, str]:
-    """token -> the name logged for it, from a token file: one token per line, or 'NAME TOKEN';
-    empty lines and lines starting with # are skipped. ValueError (the server exits 2) when it
-    holds no token or a token twice."""
+CERTIFICATE_LINE = "client-certificate"
+"""An admin token file's line `client-certificate NAME` names an admin's client certificate."""
+
+
+@dataclass(frozen=True)
+class Admins:
+    tokens: dict[str, str]
+    """token -> the name logged for it."""
+    certificates: frozenset[str] = frozenset()
+    """Subject common names or subjectAltNames of admins' client certificates."""
+
+
+def read_admins(path: str) -> Admins:
+    """The admin token file: one token per line, or 'NAME TOKEN', or 'client-certificate NAME'
+    (a client certificate's subject common name or subjectAltName); empty lines and lines
+    starting with # are skipped. ValueError (the server exits 2) when it names no one or a token
+    twice."""
     tokens: dict[str, str] = {}
+    certificates: set[str] = set()
     with open(path, encoding="utf-8") as file:
         for number, line in enumerate(file, start=1):
             text = line.strip()
@@ -46,15 +68,56 @@ def read_tokens(path: str) -> dict[str, str]:
                 continue
             parts = text.split()
             if len(parts) > 2:
-                raise ValueError(f"{path}:{number}: expected 'TOKEN' or 'NAME TOKEN', got {len(parts)} words")
+                raise ValueError(f"{path}:{number}: expected 'TOKEN', 'NAME TOKEN' or '{CERTIFICATE_LINE} NAME', "
+                                 f"got {len(parts)} words")
+            if parts[0] == CERTIFICATE_LINE and len(parts) == 2:
+                certificates.add(parts[1])
+                continue
             token = parts[-1]
             name = parts[0] if len(parts) == 2 else f"token of line {number}"
             if token in tokens:
                 raise ValueError(f"{path}:{number}: the same token is on line {tokens[token]}")
             tokens[token] = name
-    if not tokens:
-        raise ValueError(f"--admin-token-file {path} holds no token")
-    return tokens
+    if not tokens and not certificates:
+        raise ValueError(f"--admin-token-file {path} holds no token and no {CERTIFICATE_LINE} line")
+    return Admins(tokens, frozenset(certificates))
+
+
+@dataclass(frozen=True)
+class ClientCertificate:
+    """A verified client certificate (mutual TLS): its names, and itself to check its issuer."""
+
+    names: tuple[str, ...]
+    """The subject's common names, then the subjectAltNames (DNS, URI, e-mail, IP)."""
+    der: bytes = b""
+
+    @classmethod
+    def parse(cls, data: bytes, pem: bool) -> ClientCertificate:
+        cert = x509.load_pem_x509_certificate(data) if pem else x509.load_der_x509_certificate(data)
+        names = [str(a.value) for a in cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)]
+        try:
+            alternatives = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            names += [str(name.value) for name in alternatives]
+        except x509.ExtensionNotFound:
+            pass
+        return cls(tuple(names), cert.public_bytes(Encoding.DER))
+
+    def describe(self) -> str:
+        return ", ".join(self.names) or "with no name"
+
+
+def issued_by(certificate: ClientCertificate, authorities_pem: bytes) -> bool:
+    """Whether one of the PEM certificates directly issued `certificate` (its name and signature)."""
+    if not certificate.der or not authorities_pem:
+        return False
+    cert = x509.load_der_x509_certificate(certificate.der)
+    for authority in x509.load_pem_x509_certificates(authorities_pem):
+        try:
+            cert.verify_directly_issued_by(authority)
+            return True
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+    return False
 
 
 def default_roots(sources: Iterable[ModelSource]) -> tuple[str, ...]:
@@ -69,22 +132,27 @@ class Caller:
 
 
 class ControlPlane:
-    def __init__(self, enabled: bool, tokens: Mapping[str, str], mutual_tls: bool, roots: Sequence[str]) -> None:
+    def __init__(self, enabled: bool, tokens: Mapping[str, str], mutual_tls: bool, roots: Sequence[str],
+                 certificates: frozenset[str] = frozenset(), admin_ca_pem: bytes = b"") -> None:
         self._enabled = enabled
         self._tokens = dict(tokens)
         self._mutual_tls = mutual_tls
         self._roots = tuple(os.path.realpath(r) for r in roots)
+        self._certificates = certificates
+        self._admin_ca_pem = admin_ca_pem
 
     @property
     def roots(self) -> tuple[str, ...]:
         return self._roots
 
     def with_roots(self, roots: Sequence[str]) -> ControlPlane:
-        return ControlPlane(self._enabled, self._tokens, self._mutual_tls, roots)
+        return ControlPlane(self._enabled, self._tokens, self._mutual_tls, roots, self._certificates,
+                            self._admin_ca_pem)
 
-    def authorize(self, method: str, peer: str, authorization: str | None, certificate: str | None) -> Caller:
+    def authorize(self, method: str, peer: str, authorization: str | None,
+                  certificate: ClientCertificate | None) -> Caller:
         """The caller, or PermissionDenied / Unauthenticated (logged). `authorization` is the
-        header's value; `certificate` the verified client certificate's subject, under mutual TLS."""
+        header's value; `certificate` the verified client certificate, under mutual TLS."""
         if not self._enabled:
             self._log(method, peer, "-", "denied: model management is off")
             raise PermissionDenied(f"{method} changes the served models, which this server allows only when "
@@ -97,8 +165,15 @@ class ControlPlane:
                 raise Unauthenticated("the authorization header is not 'Bearer TOKEN' with a token of "
                                       "--admin-token-file")
             return Caller(name, peer)
-        if self._mutual_tls and certificate:
-            return Caller(f"certificate {certificate}", peer)
+        if self._mutual_tls and certificate is not None:
+            identity = f"certificate {certificate.describe()}"
+            if self._certificates.intersection(certificate.names) or issued_by(certificate, self._admin_ca_pem):
+                return Caller(identity, peer)
+            self._log(method, peer, identity, "denied: not an admin certificate")
+            raise PermissionDenied(f"{method} changes the served models; the client certificate "
+                                   f"({certificate.describe()}) is not an admin's: name it on a "
+                                   f"'{CERTIFICATE_LINE} NAME' line of --admin-token-file, or issue it from "
+                                   f"--admin-client-ca-file")
         self._log(method, peer, "-", "denied: no credential")
         raise Unauthenticated(f"{method} needs 'authorization: Bearer TOKEN' with a token of --admin-token-file"
                               + (", or a client certificate" if self._mutual_tls else ""))
@@ -133,24 +208,27 @@ class ControlPlane:
 
 
 def grpc_credentials(metadata: Iterable[tuple[str, str | bytes]] | None,
-                     auth_context: Mapping[str, Sequence[bytes]] | None) -> tuple[str | None, str | None]:
-    """(authorization header, client certificate subject) of a gRPC call."""
+                     auth_context: Mapping[str, Sequence[bytes]] | None) -> tuple[str | None, ClientCertificate | None]:
+    """(authorization header, verified client certificate) of a gRPC call."""
     authorization = None
     for key, value in metadata or ():
         if key.lower() == "authorization":
             authorization = value.decode(errors="replace") if isinstance(value, bytes) else value
-    subject = None
+    certificate = None
     if auth_context:
-        names = auth_context.get("x509_common_name") or auth_context.get("x509_subject") or []
-        subject = ", ".join(n.decode(errors="replace") for n in names) or None
-    return authorization, subject
+        pem = auth_context.get("x509_pem_cert") or []
+        if pem:
+            certificate = ClientCertificate.parse(pem[0], pem=True)
+        else:  # no certificate itself: its names only, which the token file may still list
+            names = auth_context.get("x509_common_name") or auth_context.get("x509_subject") or []
+            if names:
+                certificate = ClientCertificate(tuple(n.decode(errors="replace") for n in names))
+    return authorization, certificate
 
 
-def rest_credentials(authorization: str | None, peercert: Mapping[str, Any] | None) -> tuple[str | None, str | None]:
-    """(authorization header, client certificate subject) of an HTTPS request; `peercert` is
-    ssl's getpeercert() of a verified client certificate (mutual TLS), else None."""
-    subject = None
-    if peercert:
-        names = [value for rdn in peercert.get("subject", ()) for key, value in rdn if key == "commonName"]
-        subject = ", ".join(names) or None
-    return authorization, subject
+def rest_credentials(authorization: str | None, transport: Any) -> tuple[str | None, ClientCertificate | None]:
+    """(authorization header, verified client certificate) of an HTTP request over `transport`
+    (asyncio's): the certificate only under mutual TLS, where the handshake verified it."""
+    ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+    der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+    return authorization, ClientCertificate.parse(der, pem=False) if der else None

@@ -14,6 +14,7 @@ import math
 import ssl
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -51,10 +52,14 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
         pair = (key.read(), cert.read())
     client_ca = None
     if settings.tls_client_ca_file is not None:
-        with open(settings.tls_client_ca_file, "rb") as ca:
-            client_ca = ca.read()
+        client_ca = b"".join(Path(f).read_bytes() for f in _client_cas(settings))
     return grpc.ssl_server_credentials([pair], root_certificates=client_ca,
                                        require_client_auth=client_ca is not None)
+
+
+def _client_cas(settings: Settings) -> list[str]:
+    """The CA files a client certificate may come from: inference clients' and admins'."""
+    return [f for f in (settings.tls_client_ca_file, settings.admin_client_ca_file) if f is not None]
 
 
 def rest_ssl_context(settings: Settings) -> ssl.SSLContext | None:
@@ -64,7 +69,8 @@ def rest_ssl_context(settings: Settings) -> ssl.SSLContext | None:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
     if settings.tls_client_ca_file is not None:
-        context.load_verify_locations(settings.tls_client_ca_file)
+        for ca_file in _client_cas(settings):
+            context.load_verify_locations(ca_file)
         context.verify_mode = ssl.CERT_REQUIRED
     return context
 

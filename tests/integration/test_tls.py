@@ -195,3 +195,62 @@ def test_a_bad_ssl_config_file_stops_the_start(model_dirs: dict[str, Path], cert
     assert done.returncode == 2, done.stderr[-2000:]
     assert (f"--ssl_config_file {bad}: server_key must hold the PEM text itself (-----BEGIN ...), not a file name"
             in done.stderr), done.stderr[-2000:]
+
+
+def test_under_mutual_tls_only_admin_certificates_may_manage_models(
+        model_dirs: dict[str, Path], certs: dict[str, str], tmp_path: Path) -> None:
+    """Inference clients hold certificates of --tls-client-ca-file too: only the certificates the
+    admin token file names, or that --admin-client-ca-file issued, may change the served models;
+    the others get PERMISSION_DENIED, logged with their names."""
+    import grpc
+
+    from protos.tensorflow_serving import model_management_pb2, model_service_pb2_grpc
+
+    ca_key = serialization.load_pem_private_key(Path(certs["ca"]).with_suffix(".key").read_bytes(), None)
+    ca_cert = x509.load_pem_x509_certificate(Path(certs["ca"]).read_bytes())
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    named = make_leaf(tmp_path / "ops-bot", "ops-bot", ca_key, ca_cert, server=False)
+    admin_ca, admin_ca_key, admin_ca_cert = make_ca(tmp_path / "admin-ca", "admin CA")
+    issued = make_leaf(tmp_path / "admin", "release-pipeline", admin_ca_key, admin_ca_cert, server=False)
+    tokens = tmp_path / "admins"
+    tokens.write_text("# admins\nclient-certificate ops-bot\n")
+    server = start_server(["--model-base-path", str(model_dirs["echo"]), "--model-name", "echo",
+                           "--tls-cert-file", certs["server_cert"], "--tls-key-file", certs["server_key"],
+                           "--tls-client-ca-file", certs["ca"], "--enable-model-management",
+                           "--admin-token-file", str(tokens), "--admin-client-ca-file", admin_ca,
+                           "--drain-delay-s", "0"], tmp_path / "server.log")
+    reload = model_management_pb2.ReloadConfigRequest()
+    config = reload.config.model_config_list.config.add()
+    config.name, config.base_path, config.model_platform = "echo", str(model_dirs["echo"]), "tensorflow"
+
+    def reload_as(cert_and_key: tuple[str, str]) -> str:
+        credentials = grpc.ssl_channel_credentials(
+            Path(certs["ca"]).read_bytes(), Path(cert_and_key[1]).read_bytes(), Path(cert_and_key[0]).read_bytes())
+        with grpc.secure_channel(f"localhost:{server.port}", credentials) as channel:
+            try:
+                model_service_pb2_grpc.ModelServiceStub(channel).HandleReloadConfigRequest(reload, timeout=30)
+                return "OK"
+            except grpc.RpcError as failed:
+                return failed.code().name
+
+    try:
+        inference = (certs["client_cert"], certs["client_key"])
+        results = {"inference client": reload_as(inference), "named in the token file": reload_as(named),
+                   "issued by the admin CA": reload_as(issued)}
+        assert results == {"inference client": "PERMISSION_DENIED", "named in the token file": "OK",
+                           "issued by the admin CA": "OK"}, results
+        admin_tls = Tls(ca_file=certs["ca"], cert_file=issued[0], key_file=issued[1])
+        assert outcome(f"localhost:{server.port}", admin_tls) == "OK"  # the admin CA's certificates connect
+        # v2 REST checks the same way, before anything else (a load of an unknown model)
+        context = ssl.create_default_context(cafile=certs["ca"])
+        context.load_cert_chain(*inference)
+        load = urllib.request.Request(f"https://localhost:{server.rest_port}/v2/repository/models/nope/load",
+                                      data=b"{}", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(load, timeout=10, context=context)
+        assert refused.value.code == 403
+        log = server.log()
+        assert "by certificate good client: denied: not an admin certificate" in log
+        assert "by certificate ops-bot: OK" in log and "by certificate release-pipeline: OK" in log
+    finally:
+        server.stop()

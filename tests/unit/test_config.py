@@ -266,13 +266,20 @@ def test_model_management_is_off_by_default_and_on_needs_a_credential(capsys: py
     assert s.grpc_max_pending_rpcs == 0
     with pytest.raises(SystemExit):
         parse("--enable-model-management")
-    assert "needs a credential: --admin-token-file, or mutual TLS" in capsys.readouterr().err
+    assert "needs a credential: --admin-token-file (tokens, or admins' client certificates by name), or " \
+           "--admin-client-ca-file" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse("--admin-token-file", "/t")
     assert "give --enable-model-management too" in capsys.readouterr().err
-    mutual = parse("--enable-model-management", "--tls-cert-file", "c", "--tls-key-file", "k",
-                   "--tls-client-ca-file", "ca")
-    assert mutual.enable_model_management and mutual.admin_token_file is None
+    tls = ("--tls-cert-file", "c", "--tls-key-file", "k", "--tls-client-ca-file", "ca")
+    with pytest.raises(SystemExit):  # mutual TLS alone is no admin credential: inference clients have it too
+        parse("--enable-model-management", *tls)
+    with pytest.raises(SystemExit):
+        parse("--enable-model-management", "--admin-client-ca-file", "admins")
+    assert "give --enable-model-management and --tls-client-ca-file too" in capsys.readouterr().err
+    mutual = parse("--enable-model-management", *tls, "--admin-client-ca-file", "admins")
+    assert mutual.enable_model_management and (mutual.admin_token_file, mutual.admin_client_ca_file) == (
+        None, "admins")
 
 
 def test_switches_and_repeatable_flags_from_the_environment(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from server.api.control import ControlPlane, default_roots, grpc_credentials, read_tokens
+from server.api.control import ClientCertificate, ControlPlane, default_roots, grpc_credentials, read_admins
 from server.core.model_config import ModelSource
 from server.errors import InvalidInput, PermissionDenied, Unauthenticated
 
@@ -21,14 +21,17 @@ def tokens_file(tmp_path: Path, text: str) -> str:
 
 
 def test_token_file_lines(tmp_path: Path) -> None:
-    assert read_tokens(tokens_file(tmp_path, "# admins\n\nalice s3cr3t-a\n  t0ken-b  \n")) == {
-        "s3cr3t-a": "alice", "t0ken-b": "token of line 4"}
-    with pytest.raises(ValueError, match="holds no token"):
-        read_tokens(tokens_file(tmp_path, "# nothing\n"))
+    admins = read_admins(tokens_file(tmp_path, "# admins\n\nalice s3cr3t-a\n  t0ken-b  \n"
+                                               "client-certificate ops-bot\nclient-certificate spiffe://x/y\n"))
+    assert admins.tokens == {"s3cr3t-a": "alice", "t0ken-b": "token of line 4"}
+    assert admins.certificates == {"ops-bot", "spiffe://x/y"}
+    assert read_admins(tokens_file(tmp_path, "client-certificate a\n")).tokens == {}
+    with pytest.raises(ValueError, match="holds no token and no client-certificate line"):
+        read_admins(tokens_file(tmp_path, "# nothing\n"))
     with pytest.raises(ValueError, match=":2: the same token is on line"):
-        read_tokens(tokens_file(tmp_path, "a x\nb x\n"))
-    with pytest.raises(ValueError, match=":1: expected 'TOKEN' or 'NAME TOKEN'"):
-        read_tokens(tokens_file(tmp_path, "a b c\n"))
+        read_admins(tokens_file(tmp_path, "a x\nb x\n"))
+    with pytest.raises(ValueError, match=":1: expected 'TOKEN', 'NAME TOKEN' or 'client-certificate NAME'"):
+        read_admins(tokens_file(tmp_path, "a b c\n"))
 
 
 def test_management_off_is_permission_denied_naming_the_flag(caplog: pytest.LogCaptureFixture) -> None:
@@ -48,14 +51,20 @@ def test_tokens_are_checked_and_only_the_name_is_logged(caplog: pytest.LogCaptur
             with pytest.raises(Unauthenticated, match="not 'Bearer TOKEN'"):
                 plane.authorize(METHOD, "p", wrong, None)
         with pytest.raises(Unauthenticated, match="needs 'authorization: Bearer TOKEN'"):
-            plane.authorize(METHOD, "p", None, "CN=client")  # a certificate counts only under mutual TLS
+            plane.authorize(METHOD, "p", None, ClientCertificate(("client",)))  # only under mutual TLS
     assert "s3cr3t" not in caplog.text
     assert caplog.text.count("denied: invalid token") == 5
 
 
-def test_under_mutual_tls_a_certificate_is_a_credential() -> None:
-    plane = ControlPlane(True, {}, True, ["/m"])
-    assert plane.authorize(METHOD, "p", None, "client.example").identity == "certificate client.example"
+def test_under_mutual_tls_only_an_admins_certificate_is_a_credential(caplog: pytest.LogCaptureFixture) -> None:
+    plane = ControlPlane(True, {}, True, ["/m"], frozenset({"ops-bot", "spiffe://corp/admin"}))
+    assert plane.authorize(METHOD, "p", None, ClientCertificate(("ops-bot",))).identity == "certificate ops-bot"
+    by_san = plane.authorize(METHOD, "p", None, ClientCertificate(("svc", "spiffe://corp/admin")))
+    assert by_san.identity == "certificate svc, spiffe://corp/admin"
+    with caplog.at_level(logging.INFO, logger="server.control"), pytest.raises(PermissionDenied) as denied:
+        plane.authorize(METHOD, "ipv4:10.1.1.1:5", None, ClientCertificate(("inference-client", "ops-bot.evil")))
+    assert "(inference-client, ops-bot.evil) is not an admin's" in str(denied.value)
+    assert "by certificate inference-client, ops-bot.evil: denied: not an admin certificate" in caplog.text
     with pytest.raises(Unauthenticated, match="or a client certificate"):
         plane.authorize(METHOD, "p", None, None)
 
@@ -87,4 +96,4 @@ def test_default_roots_are_the_folders_holding_the_start_up_models(tmp_path: Pat
 
 def test_grpc_credentials_read_from_metadata_and_the_auth_context() -> None:
     assert grpc_credentials((("user-agent", "x"), ("authorization", "Bearer t")), {}) == ("Bearer t", None)
-    assert grpc_credentials(None, {"x509_common_name": [b"client"]}) == (None, "client")
+    assert grpc_credentials(None, {"x509_common_name": [b"client"]}) == (None, ClientCertificate(("client",)))

@@ -164,8 +164,7 @@ class V2Rest(rest.RestFrontEnd):
         control = self._control()
         peer = request.remote or ""
         caller = control.authorize(call.method, peer, *rest_credentials(
-            request.headers.get("Authorization"), request.transport.get_extra_info("peercert")
-            if request.transport is not None else None))
+            request.headers.get("Authorization"), request.transport))
         call.name = request.match_info["name"]
         try:
             parameters = (await self._json_body(request)).get("parameters", {})
