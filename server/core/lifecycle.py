@@ -36,14 +36,14 @@ from server.core import batching_policy
 from server.core.assembly import Tensors
 from server.core.batcher import Batcher, Ran
 from server.core.batching_policy import BatchingPolicy
-from server.core.model_config import ConfigError, ModelSource, read_config_file
+from server.core.model_config import ConfigError, ModelSource, batching_changes, read_config_file
 from server.core.model_process import LoadError
 from server.core.prediction import Predictor
 from server.core.servables import Model, Registry, Servable, State
 from server.core.signatures import BatchKey, ModelInfo
 from server.core.version_folders import scan_versions
 from server.core.worker_protocol import Done, Loaded
-from server.errors import Unavailable
+from server.errors import InvalidInput, Unavailable
 
 log = logging.getLogger("server.core.lifecycle")
 
@@ -223,6 +223,7 @@ class Lifecycle:
         AVAILABLE version after one reconcile ([] when every added model serves)."""
         async with self._lock:
             models = self._registry.models
+            self._check_batching_unchanged(sources)
             added = [s.name for s in sources if s.name not in models]
             for name in [n for n in models if n not in {s.name for s in sources}]:
                 log.info("model=%s removed from the config; unloading its versions", name, extra={"model": name})
@@ -244,6 +245,22 @@ class Lifecycle:
                 why = failed[0].error[1] if failed and failed[0].error else "no version folder its policy serves"
                 problems.append(f"'{name}': {why}")
         return problems
+
+    def _check_batching_unchanged(self, sources: Sequence[ModelSource]) -> None:
+        """A model's batching_parameters take effect when a version loads (the worker merges and
+        warms up by them); so a change to them while versions are loaded is refused, naming the
+        fields, rather than silently ignored until the next version."""
+        for source in sources:
+            model = self._registry.models.get(source.name)
+            if model is None or model.source.batching == source.batching:
+                continue
+            loaded = sorted(v for v, s in model.versions.items() if s.state in (State.LOADING, State.AVAILABLE))
+            if loaded:
+                changes = "; ".join(batching_changes(model.source.batching, source.batching))
+                raise InvalidInput(
+                    f"model '{source.name}': batching_parameters changed ({changes}) while version(s) "
+                    f"{', '.join(map(str, loaded))} are loaded; they take effect when a version loads, so serve "
+                    f"the change with a new version, or remove the model from the config and add it back")
 
     async def poll_versions(self) -> None:
         """Re-read the version folders every --file-system-poll-wait-seconds (0: never again)."""
@@ -286,6 +303,8 @@ class Lifecycle:
             log.info("model config file %s changed: models %s", path, ",".join(s.name for s in sources))
             try:
                 await self.apply(sources)
+            except InvalidInput as exc:
+                log.error("model config file changed but cannot be applied, keeping the current config: %s", exc)
             except Exception:
                 log.exception("applying the changed model config failed")
 

@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from google.protobuf import text_format
 
@@ -230,3 +231,23 @@ def _config_lines(text: str) -> list[int]:
         except text_format.ParseError:
             break
     return lines
+
+
+def _shown(message: Any, name: str, wrapped: bool) -> str:
+    if wrapped and not message.HasField(name):
+        return "unset"
+    text = str(getattr(message, name)).strip().replace("\n", " ")
+    return text.removeprefix("value: ") if wrapped else text
+
+
+def batching_changes(old: session_bundle_config_pb2.BatchingParameters | None,
+                     new: session_bundle_config_pb2.BatchingParameters | None) -> list[str]:
+    """The batching_parameters fields that differ, each as 'field OLD -> NEW' ('unset' where absent)."""
+    empty = session_bundle_config_pb2.BatchingParameters()
+    old, new = old or empty, new or empty
+    changes = []
+    for descriptor in empty.DESCRIPTOR.fields:
+        name, wrapped = descriptor.name, descriptor.message_type is not None
+        if getattr(old, name) != getattr(new, name):
+            changes.append(f"{name} {_shown(old, name, wrapped)} -> {_shown(new, name, wrapped)}")
+    return changes

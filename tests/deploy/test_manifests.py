@@ -210,3 +210,21 @@ def test_kserve_inference_service_runs_the_server_on_a_v2_grpc_port() -> None:
     assert env["MIRRORSERVE_MODEL_CONFIG_FILE"].startswith(mounts["config"] + "/")
     sources = parse_config_text(config_map["data"][Path(env["MIRRORSERVE_MODEL_CONFIG_FILE"]).name])
     assert all(s.base_path.startswith(mounts["models"] + "/") for s in sources)
+
+
+def test_request_log_retention_fits_the_pods_tmp(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    """Each front-end keeps --request-log-max-files files of --request-log-file-bytes per logged
+    model; /tmp (an emptyDir, which also holds the front-ends' metric files) must hold that for a
+    few models at once."""
+    from server.config import auto_frontends
+
+    overlay, objects = rendered
+    main = container(objects)
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    (tmp,) = [v for v in pod["volumes"] if v["name"] == "tmp"]
+    size = tmp["emptyDir"]["sizeLimit"]
+    assert size.endswith("Gi")
+    frontends = auto_frontends(float(main["resources"]["limits"]["cpu"]))
+    per_model = (frontends * int(env_value(main, "MIRRORSERVE_REQUEST_LOG_MAX_FILES"))
+                 * int(env_value(main, "MIRRORSERVE_REQUEST_LOG_FILE_BYTES")))
+    assert 3 * per_model <= int(size[:-2]) * 2**30, (overlay, frontends, per_model, size)

@@ -130,6 +130,27 @@ def test_the_right_token_loads_a_model_inside_a_root_and_everything_is_logged(
     assert "Logging error" not in managed.log() and TOKEN not in managed.log()
 
 
+def test_a_batching_change_for_a_loaded_model_is_refused_naming_the_field(
+        managed: ServerProcess, places: dict[str, Path]) -> None:
+    """batching_parameters take effect when a version loads: changing them under a loaded version
+    is refused, not silently ignored until the next version."""
+    code, details = reload(managed.target, {"echo": places["good"]}, TOKEN)
+    assert code == "OK", details
+    config = model_server_config_pb2.ModelServerConfig()
+    model = config.model_config_list.config.add(name="echo", base_path=str(places["good"]),
+                                                 model_platform="tensorflow")
+    model.batching_parameters.max_batch_size.value = 8
+    with grpc.insecure_channel(managed.target) as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            model_service_pb2_grpc.ModelServiceStub(channel).HandleReloadConfigRequest(
+                model_management_pb2.ReloadConfigRequest(config=config), timeout=60,
+                metadata=(("authorization", f"Bearer {TOKEN}"),))
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert ("model 'echo': batching_parameters changed (max_batch_size unset -> 8) while version(s) 1 are "
+            "loaded" in (refused.value.details() or ""))
+    assert versions(managed.target, "echo") == "1:30"
+
+
 def listening(port: int) -> set[str]:
     """The local addresses listening on a TCP port (IPv4 and IPv6), from /proc/net."""
     found = set()

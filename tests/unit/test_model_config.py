@@ -195,3 +195,20 @@ def test_a_config_file_with_a_scheme(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=re.escape("c:1: model 'g' base_path gs://b/g: the gs:// scheme is not "
                                                     "served here. Version folders are listed")):
         parse_config_text('model_config_list { config { name: "g" base_path: "gs://b/g" } }', "c")
+
+
+def test_batching_changes_name_each_field_that_differs() -> None:
+    from protos.tensorflow_serving import session_bundle_config_pb2
+    from server.core.model_config import batching_changes
+
+    old = session_bundle_config_pb2.BatchingParameters()
+    old.max_batch_size.value = 32
+    old.allowed_batch_sizes.extend([8, 32])
+    new = session_bundle_config_pb2.BatchingParameters()
+    new.max_batch_size.value = 64
+    new.batch_timeout_micros.value = 500
+    new.allowed_batch_sizes.extend([8, 64])
+    assert batching_changes(old, new) == ["max_batch_size 32 -> 64", "batch_timeout_micros unset -> 500",
+                                          "allowed_batch_sizes [8, 32] -> [8, 64]"]
+    assert batching_changes(None, None) == [] and batching_changes(old, old) == []
+    assert batching_changes(old, None) == ["max_batch_size 32 -> unset", "allowed_batch_sizes [8, 32] -> []"]
