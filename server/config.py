@@ -80,6 +80,9 @@ class Settings:
     a free one, -1 (the default) opens none."""
     max_message_bytes: int
     """Largest gRPC message accepted or sent, and largest REST body accepted."""
+    request_bytes_budget: int
+    """Bytes of requests held at once, all front-ends together: a message or body past it is
+    refused on arrival, before it is read (REST) or decoded (gRPC). A request alone always passes."""
     drain_delay_s: float
     """After SIGTERM/SIGINT: keep accepting this long (health already NOT_SERVING) so load
     balancers can take the pod out, before refusing new RPCs."""
@@ -302,6 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=_optional_port, default=-1,
                    help="a separate HTTP port for Prometheus /metrics only, which the REST port serves too "
                         "(default -1: none; 0 = any free port)")
+    p.add_argument("--request-bytes-budget", type=_bytes_budget, default="auto", metavar="BYTES|auto",
+                   help="bytes of requests held at once (bodies and messages being read, decoded or served), "
+                        "over gRPC and REST together, shared by the front-ends; a request past it is refused "
+                        "before it is read or decoded, RESOURCE_EXHAUSTED / 429 (auto, the default: 1/8 of the "
+                        "container's memory limit, else 1 GiB)")
     p.add_argument("--max-message-bytes", type=_positive_int, default=64 * 1024 * 1024,
                    help="largest gRPC message received or sent, and largest REST body (default 64 MiB)")
     p.add_argument("--hang-timeout-s", type=_non_negative_float, default=30.0,
@@ -465,6 +473,42 @@ def auto_frontends(cores: float) -> int:
     return max(1, min(AUTO_FRONTENDS_MAX, math.floor(cores / 2)))
 
 
+BYTES_BUDGET_SHARE = 8
+"""--request-bytes-budget auto: this share of the container's memory limit. The limit covers the
+model worker (TensorFlow, the models, their batches) beside the front-ends, and a request's bytes
+may take 2-3 times their size while held and decoded (the body, its tensors, the batch's copy)."""
+BYTES_BUDGET_DEFAULT = 1 << 30
+"""--request-bytes-budget auto without a memory limit: 1 GiB (16 messages of the largest size)."""
+
+
+def memory_limit(cgroup: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """The container's memory limit in bytes (cgroup v2 memory.max, or v1 memory.limit_in_bytes),
+    or None without one."""
+    for path in (cgroup / "memory.max", cgroup / "memory" / "memory.limit_in_bytes"):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text == "max":
+            return None
+        try:
+            value = int(text)
+        except ValueError:
+            continue
+        return value if value < 1 << 60 else None  # v1 says "unlimited" with a huge number
+    return None
+
+
+def auto_bytes_budget(limit: int | None) -> int:
+    return BYTES_BUDGET_DEFAULT if limit is None else max(limit // BYTES_BUDGET_SHARE, 1 << 20)
+
+
+def _bytes_budget(text: str) -> int | str:
+    if text == "auto":
+        return text
+    return _positive_int(text)
+
+
 def _frontends(text: str) -> int | str:
     if text == "auto":
         return text
@@ -541,6 +585,8 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         ns.grpc_max_connection_age_ms = round(ns.grpc_max_connection_age_seconds * 1000)
     if ns.frontends == "auto":
         ns.frontends = auto_frontends(usable_cores())
+    if ns.request_bytes_budget == "auto":
+        ns.request_bytes_budget = auto_bytes_budget(memory_limit())
     if ns.load_models and ns.model_control_mode != "explicit":
         parser.error("--load-model picks the models explicit mode starts with; give --model-control-mode explicit "
                      "(in mode none every model of the repository is served)")

@@ -170,15 +170,20 @@ def grpc_call(method: str, *, drained: bool = False, counted: bool = False) -> C
 
 
 class ConcurrencyLimit:
-    """Calls in progress at once on every front-end together. A call beyond the limit is refused
-    at once, RESOURCE_EXHAUSTED (REST 429), counted and logged like any refusal, before its
-    message is decoded. (grpc's own maximum_concurrent_rpcs refuses before our code runs, so
-    those refusals could not be counted; and a burst it let through to grpc's pending queue came
-    back CANCELLED.)"""
+    """Calls in progress at once on every front-end together, and the bytes of their requests
+    (--request-bytes-budget): a call beyond either is refused at once, RESOURCE_EXHAUSTED (REST
+    429), counted and logged like any refusal, before its message is decoded or its body read.
+    (grpc's own maximum_concurrent_rpcs refuses before our code runs, so those refusals could not
+    be counted; and a burst it let through to grpc's pending queue came back CANCELLED.) Counting
+    calls alone let 1,024 calls of 64 MiB each in, and a JSON body takes several times its size
+    once decoded. A call alone always passes the byte budget."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, byte_budget: int = 0) -> None:
         self.limit = limit
         self.active = 0
+        self.byte_budget = byte_budget
+        """0: none."""
+        self.held_bytes = 0
 
     def full(self) -> bool:
         return self.active >= self.limit
@@ -186,6 +191,19 @@ class ConcurrencyLimit:
     def refusal(self) -> Overloaded:
         return Overloaded(f"{self.active} requests are in progress; the limit is {self.limit} "
                           f"(--max-concurrent-rpcs); retry later")
+
+    def bytes_refusal(self, size: int) -> Overloaded | None:
+        """Why a request of `size` bytes may not be held now, or None (then `hold` it)."""
+        if not self.byte_budget or not self.held_bytes or self.held_bytes + size <= self.byte_budget:
+            return None
+        return Overloaded(f"requests in progress hold {self.held_bytes} bytes and this one brings {size}; the "
+                          f"budget is {self.byte_budget} bytes (--request-bytes-budget); retry later")
+
+    def hold(self, size: int) -> None:
+        self.held_bytes += size
+
+    def release(self, size: int) -> None:
+        self.held_bytes -= size
 
 
 GrpcBehavior = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
@@ -195,14 +213,18 @@ def limited(behavior: GrpcBehavior, limit: ConcurrencyLimit, recorder: Recorder,
     """A gRPC handler within the concurrency limit: refused RESOURCE_EXHAUSTED (counted) beyond it."""
 
     async def handler(raw: Any, context: grpc.aio.ServicerContext) -> Any:
-        if limit.full():
-            code, message = recorder.failed(method, limit.refusal(), time.perf_counter(), peer=context.peer())
+        size = 2 * len(raw) if isinstance(raw, bytes) else 0  # the message and its decoded tensors
+        refusal = limit.refusal() if limit.full() else limit.bytes_refusal(size)
+        if refusal is not None:
+            code, message = recorder.failed(method, refusal, time.perf_counter(), peer=context.peer())
             await context.abort(code, message)
         limit.active += 1
+        limit.hold(size)
         try:
             return await behavior(raw, context)
         finally:
             limit.active -= 1
+            limit.release(size)
 
     return handler
 

@@ -93,7 +93,8 @@ class FrontEnd:
         self.registry = registry
         self.health = Health((tfs.SERVICE.full_name, tfs_model_service.SERVICE.full_name, v2.SERVICE.full_name))
         # The limit bounds the server: each of its N front-ends admits its share.
-        self.limit = ConcurrencyLimit(math.ceil(settings.max_concurrent_rpcs / settings.frontends))
+        self.limit = ConcurrencyLimit(math.ceil(settings.max_concurrent_rpcs / settings.frontends),
+                                      settings.request_bytes_budget // settings.frontends)
         self.decoder = BodyDecoder(max_waiting_bytes=MAX_WAITING * settings.max_message_bytes)
         self.logs = RequestLogs(registry, settings.request_log_file_bytes, settings.request_log_max_files)
         self.examples = ExampleCalls(ExampleMethods(settings.signature_method_name_check), self.decoder,

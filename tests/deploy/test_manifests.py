@@ -228,3 +228,16 @@ def test_request_log_retention_fits_the_pods_tmp(rendered: tuple[str, list[dict[
     per_model = (frontends * int(env_value(main, "MIRRORSERVE_REQUEST_LOG_MAX_FILES"))
                  * int(env_value(main, "MIRRORSERVE_REQUEST_LOG_FILE_BYTES")))
     assert 3 * per_model <= int(size[:-2]) * 2**30, (overlay, frontends, per_model, size)
+
+
+def test_the_byte_budget_and_message_size_fit_the_pods_memory(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    from server.api.http.server import JSON_HELD_FACTOR
+
+    overlay, objects = rendered
+    main = container(objects)
+    memory = main["resources"]["limits"]["memory"]
+    assert memory.endswith("Gi")
+    budget = int(env_value(main, "MIRRORSERVE_REQUEST_BYTES_BUDGET"))
+    largest = int(env_value(main, "MIRRORSERVE_MAX_MESSAGE_BYTES"))
+    assert budget <= int(memory[:-2]) * 2**30 // 4, (overlay, budget, memory)  # the worker keeps the rest
+    assert 2 * JSON_HELD_FACTOR * largest <= budget, "two of the largest JSON bodies fit at once"

@@ -92,3 +92,57 @@ def test_a_63_mb_json_body_is_decoded_off_the_event_loop(attack_server, bystande
     verdict = assert_unharmed(attack)
     print(f"63 MB body: bystander p99 {verdict.p99_ms:.1f} ms against {verdict.baseline_p99_ms:.1f}")
     assert attack.memory_returned() <= RSS_SLACK_MB
+
+
+BUDGET = 200 * MIB
+"""The byte budget of the flood's server: one 30 MB JSON body at a time (counted 6 x its size)."""
+
+
+def test_16_concurrent_30_mb_json_bodies_stay_within_the_byte_budget(
+        security_models, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Each body is refused on arrival (429, naming --request-bytes-budget) while the budget is
+    taken, or served (its 1.7 million rows are then more than the queue holds: 429 too); nothing
+    is lost, the bystander's p99 stays within 3x, and the serving process grows by less than the
+    budget."""
+    import threading
+
+    from tests.integration.conftest import start_server
+    from tests.security.conftest import LOOPBACK, config_file, rss_mb
+
+    config = config_file(tmp_path / "models.config", {"demo": security_models / "demo"})
+    server = start_server(["--model-config-file", str(config), "--request-bytes-budget", str(BUDGET),
+                           "--drain-delay-s", "0", *LOOPBACK], tmp_path / "server.log")
+    body = b'{"instances": [' + (b"[0,0,0,0,0,0,0,0]," * 1_670_000)[:-1] + b"]}"
+    assert 29_000_000 < len(body) < 31_000_000
+    watcher = Bystander(server)
+    peak = [0.0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss_mb(server.process.pid))
+            time.sleep(0.02)
+
+    try:
+        with Attack(server, watcher) as attack:
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            with concurrent.futures.ThreadPoolExecutor(16) as pool:
+                answers = list(pool.map(lambda _: post(server.rest_port, "/v1/models/demo:predict", body,
+                                                       {"Content-Type": "application/json"}), range(16)))
+            done.set()
+            sampler.join()
+        statuses = sorted(status for status, _ in answers)
+        budget_refusals = sum(b"--request-bytes-budget" in answer for _, answer in answers)
+        grown = peak[0] - attack.rss_before
+        verdict = attack.verdict()
+        print(f"16 x 30 MB JSON: statuses {statuses}, {budget_refusals} refused by the byte budget; serving "
+              f"process RSS +{grown:.0f} MB at its peak (budget {BUDGET // MIB} MiB); {verdict}")
+        assert all(status == 429 for status in statuses), answers[0][1][:300]  # none lost, each answered
+        assert budget_refusals >= 8
+        assert grown < BUDGET / MIB, grown
+        assert_unharmed(attack)
+    finally:
+        done.set()
+        watcher.stop()
+        server.stop()

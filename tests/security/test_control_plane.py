@@ -140,11 +140,10 @@ def test_a_batching_change_for_a_loaded_model_is_refused_naming_the_field(
     model = config.model_config_list.config.add(name="echo", base_path=str(places["good"]),
                                                  model_platform="tensorflow")
     model.batching_parameters.max_batch_size.value = 8
-    with grpc.insecure_channel(managed.target) as channel:
-        with pytest.raises(grpc.RpcError) as refused:
-            model_service_pb2_grpc.ModelServiceStub(channel).HandleReloadConfigRequest(
-                model_management_pb2.ReloadConfigRequest(config=config), timeout=60,
-                metadata=(("authorization", f"Bearer {TOKEN}"),))
+    with grpc.insecure_channel(managed.target) as channel, pytest.raises(grpc.RpcError) as refused:
+        model_service_pb2_grpc.ModelServiceStub(channel).HandleReloadConfigRequest(
+            model_management_pb2.ReloadConfigRequest(config=config), timeout=60,
+            metadata=(("authorization", f"Bearer {TOKEN}"),))
     assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert ("model 'echo': batching_parameters changed (max_batch_size unset -> 8) while version(s) 1 are "
             "loaded" in (refused.value.details() or ""))

@@ -65,7 +65,7 @@ def test_all_flags() -> None:
         "--max-batch-size", "8", "--batch-timeout-ms", "0.5", "--allowed-batch-sizes", "2,4,8",
         "--max-queued-rows", "100",
         "--metrics-port", "9090", "--rest-api-port", "0", "--max-message-bytes", "1024", "--drain-delay-s", "0.5",
-        "--grace-period-s", "9", "--log-format", "json", "--log-level", "DEBUG",
+        "--request-bytes-budget", "4096", "--grace-period-s", "9", "--log-format", "json", "--log-level", "DEBUG",
         "--grpc-max-connection-age-ms", "60000", "--grpc-max-connection-age-grace-ms", "5000",
         "--max-inflight-batches", "1", "--event-loop", "asyncio", "--batching_parameters_file", "/etc/batching",
         "--grpc-bind-address", "127.0.0.1", "--rest-bind-address", "::1", "--grpc-max-concurrent-streams", "64",
@@ -77,7 +77,7 @@ def test_all_flags() -> None:
         model_control_mode="none", load_models=(), file_system_poll_wait_seconds=1.0,
         model_config_file_poll_wait_seconds=0.0, port=0, rest_api_port=0, replicas=4, max_batch_size=8,
         batch_timeout_ms=0.5, allowed_batch_sizes=(2, 4, 8), batching_parameters_file="/etc/batching",
-        max_queued_rows=100, metrics_port=9090, max_message_bytes=1024,
+        max_queued_rows=100, metrics_port=9090, max_message_bytes=1024, request_bytes_budget=4096,
         drain_delay_s=0.5, grace_period_s=9.0, log_format="json", log_level="DEBUG",
         max_concurrent_rpcs=1024, tls_cert_file=None, tls_key_file=None, tls_client_ca_file=None,
         grpc_max_connection_age_ms=60_000, grpc_max_connection_age_grace_ms=5_000,
@@ -328,3 +328,17 @@ def test_auto_frontends_is_one_up_to_two_cores_then_one_per_two(tmp_path: Path) 
     assert usable_cores(tmp_path) == min(1.5, len(os.sched_getaffinity(0)))
     (tmp_path / "cpu.max").write_text("max 100000\n")
     assert usable_cores(tmp_path) == len(os.sched_getaffinity(0))
+
+
+def test_the_request_bytes_budget_follows_the_containers_memory_limit(tmp_path: Path) -> None:
+    from server.config import auto_bytes_budget, memory_limit
+
+    assert memory_limit(tmp_path) is None and auto_bytes_budget(None) == 1 << 30
+    (tmp_path / "memory.max").write_text("max\n")
+    assert memory_limit(tmp_path) is None
+    (tmp_path / "memory.max").write_text(f"{4 << 30}\n")
+    assert memory_limit(tmp_path) == 4 << 30 and auto_bytes_budget(4 << 30) == 512 << 20
+    (tmp_path / "memory.max").unlink()
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1: unlimited
+    assert memory_limit(tmp_path) is None
