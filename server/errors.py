@@ -76,6 +76,11 @@ class QueueFull(Overloaded):
     Triton answer it: clients' standard retry policies retry it)."""
 
 
+class OverTarget(Overloaded):
+    """Shed at arrival: at the present rate the model cannot meet its latency target, and this
+    request's predicted time exceeds it (RESOURCE_EXHAUSTED, REST 503 with Retry-After)."""
+
+
 class TooLarge(Overloaded):
     """The request is bigger than the server accepts (an HTTP body over --max-message-bytes)."""
 

@@ -288,7 +288,8 @@ class BatcherMetrics:
         self._queue_seconds = QUEUE_SECONDS.labels(model, version)
         self._tfs_queuing = TFS_QUEUING_LATENCY.labels(TFS_THREAD_POOL)
         self._statistics = statistics
-        self._dropped = {reason: DROPPED.labels(model, version, reason) for reason in ("deadline", "cancelled")}
+        self._dropped = {reason: DROPPED.labels(model, version, reason)
+                         for reason in ("deadline", "cancelled", "over_target")}
 
     def queue_changed(self, rows: int, requests: int) -> None:
         if MULTIPROCESS and (rows, requests) != (self.queued_rows, self.queued_requests):

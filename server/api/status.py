@@ -21,6 +21,7 @@ from server.errors import (
     ModelFailure,
     NotFound,
     Overloaded,
+    OverTarget,
     PermissionDenied,
     QueueFull,
     ReloadIncomplete,
@@ -72,6 +73,8 @@ def http_status_for(exc: BaseException, code: grpc.StatusCode) -> int:
         return 413
     if isinstance(exc, UnsupportedEncoding):
         return 415
+    if isinstance(exc, OverTarget):
+        return 503
     return HTTP_STATUS_FOR[code]
 
 

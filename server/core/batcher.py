@@ -21,6 +21,10 @@ these:
   that make the model fail get the error; their well-formed neighbours still succeed. The re-runs
   are capped at RETRY_ROWS times the batch's rows.
 
+- With a latency target (`target_s`), the batch size and when a batch goes follow
+  server.core.latency_target instead of the auto rule, and requests that would miss the target
+  are shed at arrival when the model cannot keep up within it.
+
 The batcher owns time and futures; row offsets live in `assembly`.
 """
 
@@ -40,7 +44,8 @@ import numpy as np
 from server.config import batch_sizes_problem
 from server.core.assembly import Tensors, check_rows, concat_rows, padding_rows, split_rows
 from server.core.batching_policy import SMOOTHING, BatchCost, auto_bound, busy_share, dispatch_at, padded_rows
-from server.errors import DeadlineExceeded, Overloaded, QueueFull, Unavailable
+from server.core.latency_target import ArrivalRate, Plan, RunTimeFit, latest_start, plan, predicted_seconds, run_seconds
+from server.errors import DeadlineExceeded, Overloaded, OverTarget, QueueFull, Unavailable
 
 RETRY_ROWS = 2
 """A failed batch's re-runs (to find the requests that fail it) cost at most this many times its
@@ -207,10 +212,14 @@ class Batcher:
         observer: BatchObserver | None = None,
         name: str = "the model",
         whole: Callable[[Hashable], bool] = lambda key: False,
+        target_s: float | None = None,
+        cost_seed: tuple[float, float] = (0.0, 0.0),
     ) -> None:
         """`name`: what a refusal calls the queue's model (e.g. "model 'ranker' version 3").
         `whole(key)`: requests of that key are not batched: each runs alone, whole, at once (no
-        batching, or a signature without a batch dimension), and its outputs are its own."""
+        batching, or a signature without a batch dimension), and its outputs are its own.
+        `target_s`: the latency target (server.core.latency_target), None for none; `cost_seed`:
+        the model's (a, b) as the warm-up measured them, used until enough batches have run."""
         if max_batch_rows < 1 or max_queued_rows < 1 or max_inflight < 1 or (timeout_s or 0) < 0:
             raise ValueError("batcher limits must be positive")
         problem = batch_sizes_problem(allowed_batch_sizes, max_batch_rows, max_name="the batch budget")
@@ -253,6 +262,37 @@ class Batcher:
         """When the last two batches were taken: (clock, loop CPU clock); the event loop's busy
         share is measured from the earlier one, over a whole batch cycle and the present one."""
         self._task: asyncio.Task[None] | None = None
+        self._target_s = target_s
+        self._fit = RunTimeFit(*cost_seed)
+        """The model's run time as a + b·rows, for the latency target."""
+        self._rate = ArrivalRate()
+        self._sizes = list(allowed_batch_sizes) or list(range(1, max_batch_rows + 1))
+        self._plan: Plan | None = None
+        """The latency target's plan, made again whenever a batch is taken or finishes."""
+        self._running: tuple[float, int] = (0.0, 0)
+        """When the latest batch was taken, and its rows (for a new request's predicted time)."""
+
+    def target_plan(self) -> Plan | None:
+        """The latency target's present plan (None without a target)."""
+        if self._target_s is None:
+            return None
+        if self._plan is None:
+            a, b = self._fit.ab()
+            self._plan = plan(self._target_s, a, b, self._fit.spread(), self._rate.per_second(self._clock()),
+                              self._sizes)
+        return self._plan
+
+    @property
+    def fit(self) -> RunTimeFit:
+        return self._fit
+
+    def arrival_rate(self) -> float:
+        return self._rate.per_second(self._clock())
+
+    def _batch_rows(self) -> int:
+        """The most rows a batch takes: the budget, or with a target its batch size B*."""
+        target = self.target_plan()
+        return self._max_batch_rows if target is None else min(target.batch_size, self._max_batch_rows)
 
     def wait_bound_s(self) -> float:
         """The longest a batch's oldest row waits for more now: the fixed timeout, or the auto
@@ -299,6 +339,9 @@ class Batcher:
         if deadline is not None and now >= deadline:
             self._observer.request_dropped("deadline")
             raise DeadlineExceeded("the deadline passed before the request was queued")
+        if self._target_s is not None:
+            self._rate.add(now, rows)
+            self._shed_if_late(now, rows)
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         request = _Request(key, inputs, rows, future, now, deadline)
         self._queues.setdefault(key, deque()).append(request)
@@ -317,6 +360,23 @@ class Batcher:
         future.add_done_callback(finished)
         self._wakeup.set()
         return await future
+
+    def _shed_if_late(self, now: float, rows: int) -> None:
+        """With a target the model cannot keep up with at this rate: refuse a request whose
+        predicted time exceeds the target, so the ones served stay under it."""
+        target = self.target_plan()
+        assert target is not None and self._target_s is not None
+        if target.feasible:
+            return
+        a, b = self._fit.ab()
+        taken_at, taken_rows = self._running
+        left = max(0.0, taken_at + run_seconds(a, b, taken_rows) - now) if self._executing else 0.0
+        predicted = predicted_seconds(a, b, target.batch_size, left, self._queued_rows, rows)
+        if predicted > self._target_s:
+            self._observer.request_dropped("over_target")
+            raise OverTarget(f"{self._name} cannot meet its latency target at this rate: this request would take "
+                             f"about {predicted * 1000:.0f} ms, over the target of {self._target_s * 1000:.0f} ms; "
+                             f"retry later or on another replica")
 
     async def drain(self) -> None:
         """Refuse new requests, finish every queued and running one, then stop the loop."""
@@ -384,6 +444,8 @@ class Batcher:
             self._executing_rows += rows
             self._last_present, self._present = self._present, self._queued_rows + self._executing_rows
             self._taken_at = (self._taken_at[1], (self._clock(), self._loop_cpu_clock()))
+            self._running = (self._taken_at[1][0], rows)
+            self._plan = None
             task = asyncio.get_running_loop().create_task(self._execute(key, slices, rows))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
@@ -391,7 +453,16 @@ class Batcher:
     def _dispatch_at(self, key: Hashable, first: _Request) -> float:
         """When the batch that `first` heads goes, unless it fills up before (rules 1 and 2 of
         server.core.batching_policy, which holds the rule). Every arrival and every batch's end
-        wakes the loop, which asks again."""
+        wakes the loop, which asks again. With a latency target: at once when the model is idle,
+        else when the oldest request must start to meet the target (a full batch goes before)."""
+        if self._target_s is not None:
+            if not self._executing:
+                return first.enqueued_at
+            target = self.target_plan()
+            assert target is not None
+            a, b = self._fit.ab()
+            rows = min(self._key_rows.get(key, 0), self._batch_rows())
+            return latest_start(first.enqueued_at, self._target_s, target.margin_s, a, b, rows)
         return dispatch_at(first.enqueued_at, self._timeout_s, self._executing, self._cost.seconds, self._auto_bound,
                            self._row_gap, self._key_rows.get(key, 0), self._last_present, self._free_since)
 
@@ -418,7 +489,8 @@ class Batcher:
         return best
 
     def _full_key(self) -> Hashable | None:
-        return next((k for k, rows in self._key_rows.items() if rows >= self._max_batch_rows), None)
+        full = self._batch_rows()
+        return next((k for k, rows in self._key_rows.items() if rows >= full), None)
 
     async def _next_batch(self) -> tuple[Hashable, list[_Slice]]:
         while True:
@@ -451,7 +523,7 @@ class Batcher:
         queue = self._queues.get(key)
         slices: list[_Slice] = []
         whole = self._whole(key)
-        budget = self._max_batch_rows
+        budget = self._batch_rows()
         now = self._clock()
         while queue and budget > 0 and not (whole and slices):
             request = queue[0]
@@ -540,6 +612,9 @@ class Batcher:
                     outputs = {name: array[:rows] for name, array in outputs.items()}
                 split = split_rows(outputs, [s.rows for s in live])
             self._cost.add(ran.run_rows or padded, ran.seconds)
+            if self._target_s is not None:
+                self._fit.add(ran.run_rows or padded, ran.seconds)
+                self._plan = None
             if ran.counted_rows is not None:
                 counted = ran.counted_rows
             now = self._clock()

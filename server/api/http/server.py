@@ -33,7 +33,7 @@ from server.api.recording import Recorder
 from server.api.refusals import count_refusal
 from server.api.status import http_status_for
 from server.core.servables import Servable
-from server.errors import InvalidInput, QueueFull
+from server.errors import InvalidInput, OverTarget, QueueFull
 
 DEADLINE_HEADER = "Grpc-Timeout"
 RETRY_AFTER_S = "1"
@@ -93,7 +93,7 @@ class RestFrontEnd(Admission):
                 name: str = "", peer: str | None = None) -> web.Response:
         code, message = self._recorder.failed(method, exc, started, servable, name, peer or "")
         response = error_response(http_status_for(exc, code), message)
-        if isinstance(exc, QueueFull):
+        if isinstance(exc, QueueFull | OverTarget):
             response.headers["Retry-After"] = RETRY_AFTER_S
         return response
 

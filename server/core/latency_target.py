@@ -1,0 +1,158 @@
+"""Batching to a latency target: the user states a p99 for a model, the server finds the batch size.
+Pure: numbers in, numbers out; the batcher keeps the clock.
+
+The rule, in a few sentences. The model's run time is fitted online as a + b·rows from the batches
+it runs (recent ones weigh more), and rows arrive at a measured rate λ. A batch of B rows runs
+S(B) = a + b·B; a row that joins it waits at most for the batch before it to run or for its own to
+fill (B / λ), whichever is longer, then for its own run: L(B) = max(S(B), B / λ) + S(B). The batch
+size B* is the largest allowed size whose L(B) fits the target less a margin (three times the
+fit's spread, and a tenth of the target). The smallest size that keeps up is the least B with
+B / S(B) ≥ λ. A batch goes when the queue holds B* rows, when the model is idle (as without a
+target), or when its oldest request would otherwise miss the target. When keeping up needs a
+batch bigger than B* (the target cannot be met at this rate), a request whose predicted time
+exceeds the target is refused at arrival, so the ones served stay under it. A target below a
+one-row run, a + b, cannot be met at all: that is said at load.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+FIT_WEIGHT = 0.05
+"""Weight of the newest batch in the fit's moving averages: about the last twenty batches count,
+so a change in the model's speed shows within a few dozen batches."""
+SPREAD_MARGINS = 3.0
+"""The margin takes this many times the fit's spread (its residuals' root mean square)..."""
+TARGET_MARGIN = 0.1
+"""...and this share of the target: what the fit cannot see (the event loop's own delays)."""
+MIN_BATCHES = 8
+"""Batches fitted before the fit is trusted over the warm-up's figures."""
+RATE_WINDOW_S = 1.0
+"""The arrival rate is the rows of the last second."""
+
+
+class ArrivalRate:
+    """Rows per second over the last RATE_WINDOW_S (over the time since the first arrival, before
+    a whole window has passed)."""
+
+    def __init__(self) -> None:
+        self._arrivals: deque[tuple[float, int]] = deque()
+        self._rows = 0
+        self._first: float | None = None
+
+    def add(self, now: float, rows: int) -> None:
+        if self._first is None:
+            self._first = now
+        self._arrivals.append((now, rows))
+        self._rows += rows
+
+    def per_second(self, now: float) -> float:
+        while self._arrivals and self._arrivals[0][0] <= now - RATE_WINDOW_S:
+            self._rows -= self._arrivals.popleft()[1]
+        if self._first is None:
+            return 0.0
+        return self._rows / max(min(now - self._first, RATE_WINDOW_S), 0.1 * RATE_WINDOW_S)
+
+
+class RunTimeFit:
+    """A model's run time as a + b·rows by least squares over exponentially weighted moving
+    averages (the newest batch weighing FIT_WEIGHT; the first sets them), with the spread of its
+    residuals. Until two different sizes have run, nothing tells a from b, and the whole time
+    counts as a."""
+
+    def __init__(self, a: float = 0.0, b: float = 0.0) -> None:
+        self.count = 0
+        self._seed = (a, b)
+        self._x = self._y = self._xx = self._xy = self._yy = 0.0
+
+    def add(self, rows: int, seconds: float) -> None:
+        w = FIT_WEIGHT if self.count else 1.0
+        self.count += 1
+        self._x += w * (rows - self._x)
+        self._y += w * (seconds - self._y)
+        self._xx += w * (rows * rows - self._xx)
+        self._xy += w * (rows * seconds - self._xy)
+        self._yy += w * (seconds * seconds - self._yy)
+
+    @property
+    def trusted(self) -> bool:
+        return self.count >= MIN_BATCHES
+
+    def ab(self) -> tuple[float, float]:
+        """(a, b) in seconds and seconds per row: the warm-up's until MIN_BATCHES have run."""
+        if not self.trusted:
+            return self._seed
+        variance = self._xx - self._x * self._x
+        if variance <= 1e-9:
+            return self._y, 0.0
+        b = max(0.0, (self._xy - self._x * self._y) / variance)
+        return max(0.0, self._y - b * self._x), b
+
+    def spread(self) -> float:
+        """Root mean square of the residuals around the fit (seconds); 0 until trusted."""
+        if not self.trusted:
+            return 0.0
+        a, b = self.ab()
+        # E[(y - a - b x)^2] from the moving moments
+        mean_square = (self._yy - 2 * a * self._y - 2 * b * self._xy + a * a + 2 * a * b * self._x
+                       + b * b * self._xx)
+        return math.sqrt(max(0.0, mean_square))
+
+
+def run_seconds(a: float, b: float, rows: int) -> float:
+    return a + b * rows
+
+
+def worst_latency(a: float, b: float, rate: float, rows: int) -> float:
+    """L(B): the longest a row of a batch of `rows` spends, waiting and running, at `rate` rows/s."""
+    run = run_seconds(a, b, rows)
+    fill = rows / rate if rate > 0 else 0.0
+    return max(run, fill) + run
+
+
+@dataclass(frozen=True)
+class Plan:
+    batch_size: int
+    """B*: the largest size whose worst latency fits the target (1 when none does)."""
+    keep_up_size: int | None
+    """The least size that keeps up with the arrival rate; None when no size does."""
+    margin_s: float
+    feasible: bool
+    """Whether some size fits the target and B* keeps up: if not, requests that would miss the
+    target are refused."""
+
+
+def plan(target_s: float, a: float, b: float, spread: float, rate: float, sizes: Sequence[int]) -> Plan:
+    """B* and the size that keeps up, for a target at the measured rate; `sizes`: the sizes a
+    batch may take (every size up to the maximum, or the allowed ones), ascending. Both searches
+    are bisections: L(B) grows with B, and so does B / S(B)."""
+    margin = SPREAD_MARGINS * spread + TARGET_MARGIN * target_s
+    budget = target_s - margin
+    fitting = bisect.bisect_right(sizes, budget, key=lambda size: worst_latency(a, b, rate, size))
+    best = sizes[fitting - 1] if fitting else sizes[0]
+    first = bisect.bisect_left(sizes, True, key=lambda size: size >= rate * run_seconds(a, b, size))
+    keep_up = sizes[first] if first < len(sizes) else None
+    return Plan(best, keep_up, margin, bool(fitting) and keep_up is not None and keep_up <= best)
+
+
+def one_row_fits(target_s: float, a: float, b: float) -> bool:
+    """Whether a lone row can ever meet the target (said at load when not)."""
+    return run_seconds(a, b, 1) <= target_s
+
+
+def predicted_seconds(a: float, b: float, batch_size: int, running_left_s: float, rows_ahead: int,
+                      rows: int) -> float:
+    """A new request's predicted time: the running batch's rest, the batches of `batch_size` that
+    take the rows queued ahead of it, then the one that takes its own last row."""
+    batches = math.ceil((rows_ahead + rows) / max(batch_size, 1))
+    return running_left_s + batches * run_seconds(a, b, batch_size)
+
+
+def latest_start(enqueued_at: float, target_s: float, margin_s: float, a: float, b: float, rows: int) -> float:
+    """When a batch of `rows` whose oldest request arrived at `enqueued_at` must start at the
+    latest for that request to meet the target."""
+    return enqueued_at + target_s - margin_s - run_seconds(a, b, rows)
