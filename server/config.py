@@ -157,6 +157,9 @@ class Settings:
     """A request log file is closed, and the next one opened, once it holds this many bytes."""
     request_log_max_files: int = 16
     """Request log files kept per model; older ones are deleted (disk use stays bounded)."""
+    target_latency_ms: float | None = None
+    """Every model's latency target unless its batching_parameters say otherwise
+    (server.core.latency_target); None: none."""
     hang_timeout_s: float = 30.0
     """Least time a batch may run before the model worker counts as hung (server.core.watchdog: the
     limit is the larger of this and 20 x the version's p99 batch time, 3 x this for its first 20
@@ -198,6 +201,13 @@ def _non_negative_float(text: str) -> float:
     value = float(text)
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
 
 
@@ -312,6 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "container's memory limit, else 1 GiB)")
     p.add_argument("--max-message-bytes", type=_positive_int, default=64 * 1024 * 1024,
                    help="largest gRPC message received or sent, and largest REST body (default 64 MiB)")
+    p.add_argument("--target-latency-ms", type=_positive_float, default=None, metavar="MS",
+                   help="a p99 latency target for every model (a model's batching_parameters may set its own): "
+                        "the server then chooses the batch size from the model's measured costs and the arrival "
+                        "rate, and sheds requests that would miss it when it cannot keep up (default: none)")
     p.add_argument("--hang-timeout-s", type=_non_negative_float, default=30.0,
                    help="least time a batch may run before the model worker counts as hung: its requests get "
                         "UNAVAILABLE, liveness turns NOT_SERVING, and the server drains and exits 1 (the limit is "

@@ -80,6 +80,27 @@ MODEL_BUSY_SECONDS = Counter(
     "mirrorserve_model_busy_seconds_total", "Seconds the version had batches in flight, weighted by 1 / its "
     "in-flight limit (and averaged over front-ends): its rate is the share of time the model is busy, 0 idle to 1 "
     "saturated, which the autoscaler scales on (server.metrics.BusyClock).", ["model", "version"])
+LATENCY_TARGET = Gauge(
+    "mirrorserve_latency_target_seconds", "The version's latency target (server.core.latency_target), if it has one.",
+    ["model", "version"], multiprocess_mode="max")
+LATENCY_TARGET_FEASIBLE = Gauge(
+    "mirrorserve_latency_target_feasible", "0 when a one-row run alone, as warmed up, exceeds the latency target.",
+    ["model", "version"], multiprocess_mode="min")
+TARGET_BATCH_SIZE = Gauge(
+    "mirrorserve_latency_target_batch_size", "The batch size B* the latency target chose last (rows).",
+    ["model", "version"], multiprocess_mode="max")
+TARGET_FIT = Gauge(
+    "mirrorserve_latency_target_fit_seconds", "The fitted run time: part a (seconds a batch) or b (seconds a row).",
+    ["model", "version", "part"], multiprocess_mode="max")
+ARRIVAL_RATE = Gauge(
+    "mirrorserve_arrival_rows_per_second", "Rows arriving a second over the last second (with a latency target).",
+    ["model", "version"], multiprocess_mode="sum")
+OVER_TARGET = Counter(
+    "mirrorserve_over_target_total", "Answered requests that took longer than their version's latency target; "
+    "over mirrorserve_requests_total, the exact share over the target.", ["model", "version"])
+SHED = Counter(
+    "mirrorserve_shed_total", "Requests refused at arrival to keep a latency target (reason over_target: their "
+    "predicted time exceeded it while the model could not keep up).", ["model", "version", "reason"])
 FRONTEND_BUSY_SECONDS = Counter(
     "mirrorserve_frontend_busy_seconds_total", "CPU seconds of the front-end processes over their count: its rate "
     "is the average front-end's share of the one core its GIL allows, 0 idle to about 1 saturated "
@@ -224,7 +245,8 @@ def process_gone(pid: int) -> None:
         multiprocess.mark_process_dead(pid)
 
 
-VERSION_GAUGES = (QUEUE_ROWS, QUEUE_ROWS_LIMIT, QUEUE_REQUESTS, BATCHES_IN_FLIGHT, MODEL_READY)
+VERSION_GAUGES = (QUEUE_ROWS, QUEUE_ROWS_LIMIT, QUEUE_REQUESTS, BATCHES_IN_FLIGHT, MODEL_READY, LATENCY_TARGET,
+                  LATENCY_TARGET_FEASIBLE)
 
 
 def forget_version(model: str, version: str) -> None:
@@ -288,8 +310,8 @@ class BatcherMetrics:
         self._queue_seconds = QUEUE_SECONDS.labels(model, version)
         self._tfs_queuing = TFS_QUEUING_LATENCY.labels(TFS_THREAD_POOL)
         self._statistics = statistics
-        self._dropped = {reason: DROPPED.labels(model, version, reason)
-                         for reason in ("deadline", "cancelled", "over_target")}
+        self._dropped = {reason: DROPPED.labels(model, version, reason) for reason in ("deadline", "cancelled")}
+        self._labels = (model, version)
 
     def queue_changed(self, rows: int, requests: int) -> None:
         if MULTIPROCESS and (rows, requests) != (self.queued_rows, self.queued_requests):
@@ -320,3 +342,13 @@ class BatcherMetrics:
 
     def request_dropped(self, reason: str) -> None:
         self._dropped[reason].inc()
+
+    def request_shed(self, reason: str) -> None:
+        SHED.labels(*self._labels, reason).inc()
+
+    def target_planned(self, batch_size: int, a: float, b: float, rows_per_second: float) -> None:
+        """A latency target's new plan (once a batch)."""
+        TARGET_BATCH_SIZE.labels(*self._labels).set(batch_size)
+        TARGET_FIT.labels(*self._labels, "a").set(a)
+        TARGET_FIT.labels(*self._labels, "b").set(b)
+        ARRIVAL_RATE.labels(*self._labels).set(rows_per_second)

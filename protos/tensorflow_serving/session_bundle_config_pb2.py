@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import wrappers_pb2 as google_dot_protobuf_dot_wrappers__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n5protos/tensorflow_serving/session_bundle_config.proto\x12\x12tensorflow.serving\x1a\x1egoogle/protobuf/wrappers.proto\"\xf1\x03\n\x12\x42\x61tchingParameters\x12\x33\n\x0emax_batch_size\x18\x01 \x01(\x0b\x32\x1b.google.protobuf.Int64Value\x12\x39\n\x14\x62\x61tch_timeout_micros\x18\x02 \x01(\x0b\x32\x1b.google.protobuf.Int64Value\x12\x39\n\x14max_enqueued_batches\x18\x03 \x01(\x0b\x32\x1b.google.protobuf.Int64Value\x12\x36\n\x11num_batch_threads\x18\x04 \x01(\x0b\x32\x1b.google.protobuf.Int64Value\x12\x36\n\x10thread_pool_name\x18\x05 \x01(\x0b\x32\x1c.google.protobuf.StringValue\x12\x1b\n\x13\x61llowed_batch_sizes\x18\x06 \x03(\x03\x12\"\n\x1apad_variable_length_inputs\x18\x07 \x01(\x08\x12@\n\x1c\x65nable_large_batch_splitting\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.BoolValue\x12=\n\x18max_execution_batch_size\x18\t \x01(\x0b\x32\x1b.google.protobuf.Int64Valueb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n5protos/tensorflow_serving/session_bundle_config.proto\x12\x12tensorflow.serving\x1a\x1egoogle/protobuf/wrappers.proto\"\xab\x04\n\x12\x42\x61tchingParameters\x12\x33\n\x0emax_batch_size\x18\x01 \x01(\x0b\x32\x1b.google.protobuf.Int64Value\x12\x39\n\x14\x62\x61tch_timeout_micros\x18\x02 \x01(\x0b\x32\x1b.google.protobuf.Int64Value\x12\x39\n\x14max_enqueued_batches\x18\x03 \x01(\x0b\x32\x1b.google.protobuf.Int64Value\x12\x36\n\x11num_batch_threads\x18\x04 \x01(\x0b\x32\x1b.google.protobuf.Int64Value\x12\x36\n\x10thread_pool_name\x18\x05 \x01(\x0b\x32\x1c.google.protobuf.StringValue\x12\x1b\n\x13\x61llowed_batch_sizes\x18\x06 \x03(\x03\x12\"\n\x1apad_variable_length_inputs\x18\x07 \x01(\x08\x12@\n\x1c\x65nable_large_batch_splitting\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.BoolValue\x12=\n\x18max_execution_batch_size\x18\t \x01(\x0b\x32\x1b.google.protobuf.Int64Value\x12\x38\n\x11target_latency_ms\x18\xe9\x07 \x01(\x0b\x32\x1c.google.protobuf.DoubleValueb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,5 +33,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.tensorflow_serving.s
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_BATCHINGPARAMETERS']._serialized_start=110
-  _globals['_BATCHINGPARAMETERS']._serialized_end=607
+  _globals['_BATCHINGPARAMETERS']._serialized_end=665
 # @@protoc_insertion_point(module_scope)

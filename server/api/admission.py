@@ -132,6 +132,7 @@ class Admission:
         seconds = self.recorder.record(call.method, grpc.StatusCode.OK, call.started, call.servable, call.name)
         if counted and call.servable is not None:
             call.servable.statistics.request_succeeded(seconds, call.timing)
+            self.recorder.record_target(call.servable, seconds)
             if call.timing is not None:
                 self.recorder.record_runtime(call.method, call.servable, call.timing.infer_seconds)
         return result

@@ -59,6 +59,13 @@ class Recorder:
                 self._tfs_children(servable, method, api)[0].observe(seconds * 1e6)
         return seconds
 
+    @staticmethod
+    def record_target(servable: Servable, seconds: float) -> None:
+        """An answered inference over its version's latency target counts in mirrorserve_over_target_total."""
+        policy = servable.batching
+        if policy is not None and policy.target_latency_s is not None and seconds > policy.target_latency_s:
+            metrics.OVER_TARGET.labels(servable.name, str(servable.version)).inc()
+
     def record_runtime(self, method: str, servable: Servable, seconds: float) -> None:
         """TF Serving's runtime_latency of an OK inference: the model's time on its batches."""
         api = INFERENCE_APIS.get((self._protocol, method))

@@ -41,6 +41,7 @@ STATUS_FOR: dict[type[ServingError], grpc.StatusCode] = {
     NotFound: grpc.StatusCode.NOT_FOUND,
     Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     QueueFull: grpc.StatusCode.UNAVAILABLE,
+    OverTarget: grpc.StatusCode.RESOURCE_EXHAUSTED,
     TooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
     DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     Unavailable: grpc.StatusCode.UNAVAILABLE,

@@ -102,6 +102,10 @@ class BatchObserver(Protocol):
     def request_finished(self, answer: Answer) -> None: ...
     def request_dropped(self, reason: str) -> None:
         """reason: "deadline" or "cancelled"; the request never reached the model."""
+    def request_shed(self, reason: str) -> None:
+        """Refused at arrival to keep the latency target (reason "over_target")."""
+    def target_planned(self, batch_size: int, a: float, b: float, rows_per_second: float) -> None:
+        """The latency target's new plan: its batch size, the fit a + b·rows, the arrival rate."""
 
 
 class _NoObserver:
@@ -118,6 +122,12 @@ class _NoObserver:
         pass
 
     def request_dropped(self, reason: str) -> None:
+        pass
+
+    def request_shed(self, reason: str) -> None:
+        pass
+
+    def target_planned(self, batch_size: int, a: float, b: float, rows_per_second: float) -> None:
         pass
 
 
@@ -278,8 +288,9 @@ class Batcher:
             return None
         if self._plan is None:
             a, b = self._fit.ab()
-            self._plan = plan(self._target_s, a, b, self._fit.spread(), self._rate.per_second(self._clock()),
-                              self._sizes)
+            rate = self._rate.per_second(self._clock())
+            self._plan = plan(self._target_s, a, b, self._fit.spread(), rate, self._sizes)
+            self._observer.target_planned(self._plan.batch_size, a, b, rate)
         return self._plan
 
     @property
@@ -373,7 +384,7 @@ class Batcher:
         left = max(0.0, taken_at + run_seconds(a, b, taken_rows) - now) if self._executing else 0.0
         predicted = predicted_seconds(a, b, target.batch_size, left, self._queued_rows, rows)
         if predicted > self._target_s:
-            self._observer.request_dropped("over_target")
+            self._observer.request_shed("over_target")
             raise OverTarget(f"{self._name} cannot meet its latency target at this rate: this request would take "
                              f"about {predicted * 1000:.0f} ms, over the target of {self._target_s * 1000:.0f} ms; "
                              f"retry later or on another replica")

@@ -151,6 +151,10 @@ class BatchingPolicy:
     """False: no batching, as TF Serving without --enable_batching: each request runs alone and
     whole, whatever its rows, split over the replicas as one batch (--no-batching, or a model's
     `max_batch_size { value: 0 }`). The fields above then only bound the queue and the warm-up."""
+    target_latency_s: float | None = None
+    """The latency target (server.core.latency_target): the batch size (up to max_batch_size) and
+    when a batch goes follow it instead of the timeout, and requests that would miss it are shed
+    when the model cannot keep up. None: no target, the timeout's rules."""
 
     def __post_init__(self) -> None:
         problem = self.problem()
@@ -166,6 +170,8 @@ class BatchingPolicy:
             return f"batches in flight must be >= 1, got {self.max_inflight_batches}"
         if self.max_queued_rows < 1:
             return f"max_queued_rows must be >= 1, got {self.max_queued_rows}"
+        if self.target_latency_s is not None and not self.target_latency_s > 0:
+            return f"the latency target must be > 0, got {self.target_latency_s * 1000:g} ms"
         return batch_sizes_problem(self.allowed_batch_sizes, self.max_batch_size)
 
     def warm_up_sizes(self) -> tuple[int, ...]:
@@ -182,9 +188,10 @@ class BatchingPolicy:
                     f"max_queued_rows={self.max_queued_rows}")
         timeout = "auto" if self.batch_timeout_s is None else f"{self.batch_timeout_s * 1e3:g}ms"
         sizes = ",".join(map(str, self.allowed_batch_sizes)) or "any"
+        target = "" if self.target_latency_s is None else f" target_latency={self.target_latency_s * 1e3:g}ms"
         return (f"max_batch_size={self.max_batch_size} batch_timeout={timeout} "
                 f"inflight={self.max_inflight_batches} max_queued_rows={self.max_queued_rows} "
-                f"allowed_batch_sizes={sizes}")
+                f"allowed_batch_sizes={sizes}{target}")
 
 
 def padded_rows(allowed_batch_sizes: tuple[int, ...], rows: int) -> int:
@@ -195,7 +202,8 @@ def padded_rows(allowed_batch_sizes: tuple[int, ...], rows: int) -> int:
 def apply(base: BatchingPolicy, params: session_bundle_config_pb2.BatchingParameters) -> BatchingPolicy:
     """`base` with the fields that TF Serving's BatchingParameters sets; ValueError names a field
     that cannot be served. Our extensions: `batch_timeout_micros: -1` asks for the auto wait, and
-    `max_batch_size: 0` for no batching (each request runs alone)."""
+    `max_batch_size: 0` for no batching (each request runs alone), and `target_latency_ms` sets a
+    latency target."""
     if params.pad_variable_length_inputs:
         raise ValueError("pad_variable_length_inputs is not supported: the requests of one batch share "
                          "their non-batch dimensions here")
@@ -229,6 +237,11 @@ def apply(base: BatchingPolicy, params: session_bundle_config_pb2.BatchingParame
         changes["max_inflight_batches"] = params.num_batch_threads.value
     if params.HasField("max_enqueued_batches"):
         changes["max_queued_rows"] = params.max_enqueued_batches.value * top
+    if params.HasField("target_latency_ms"):
+        millis = params.target_latency_ms.value
+        if not millis > 0:
+            raise ValueError(f"target_latency_ms must be > 0, got {millis:g}")
+        changes["target_latency_s"] = millis / 1000
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
@@ -264,6 +277,7 @@ def server_policy(settings: Settings) -> BatchingPolicy:
         max_queued_rows=settings.max_queued_rows,
         allowed_batch_sizes=settings.allowed_batch_sizes,
         batching=settings.batching,
+        target_latency_s=None if settings.target_latency_ms is None else settings.target_latency_ms / 1000,
     )
     if settings.batching_parameters_file is None:
         return base

@@ -36,6 +36,7 @@ from server.core import batching_policy
 from server.core.assembly import Tensors
 from server.core.batcher import Batcher, Ran
 from server.core.batching_policy import BatchingPolicy
+from server.core.latency_target import one_row_fits
 from server.core.model_config import ConfigError, ModelSource, batching_changes, read_config_file
 from server.core.model_process import LoadError
 from server.core.prediction import Predictor
@@ -171,10 +172,29 @@ def batcher_for(servable: Servable, policy: BatchingPolicy, worker: Runner, devi
         observer=metrics.BatcherMetrics(*labels, servable.statistics, policy.max_inflight_batches, frontends),
         name=f"model '{servable.name}' version {servable.version}",
         whole=(lambda key: True) if not policy.batching else _unbatched,
+        target_s=policy.target_latency_s if policy.batching else None,
+        cost_seed=servable.run_cost,
     )
     batcher.start()
     metrics.QUEUE_ROWS_LIMIT.labels(*labels).set(policy.max_queued_rows)
     return batcher
+
+
+def _check_target(servable: Servable, policy: BatchingPolicy) -> None:
+    """A latency target that a lone row cannot meet is said at load (a WARNING, and the target's
+    feasibility gauge at 0), not left to silent misses."""
+    target = policy.target_latency_s
+    if target is None or not policy.batching:
+        return
+    a, b = servable.run_cost
+    feasible = one_row_fits(target, a, b)
+    metrics.LATENCY_TARGET.labels(servable.name, str(servable.version)).set(target)
+    metrics.LATENCY_TARGET_FEASIBLE.labels(servable.name, str(servable.version)).set(int(feasible))
+    if not feasible:
+        log.warning("model=%s version=%d: its latency target of %g ms is below a one-row run (%.1f ms as warmed "
+                    "up): requests will miss it, and those predicted to are refused when it cannot keep up",
+                    servable.name, servable.version, target * 1000, (a + b) * 1000,
+                    extra=_fields(servable.name, servable.version))
 
 
 async def retire(servable: Servable) -> None:
@@ -379,6 +399,8 @@ class Lifecycle:
         await self._warm_batch_path(servable.id, info, policy.max_inflight_batches)
         servable.signature_defs = loaded.signature_defs
         servable.batching = policy
+        servable.run_cost = loaded.run_cost
+        _check_target(servable, policy)
         servable.predictor = Predictor(info, self._batcher_for(servable, policy))
         self._by_id[servable.id] = servable
         if self._warm_up is not None:

@@ -56,6 +56,8 @@ class Servable:
     """Values the front-ends build once per version (response protos, metric children)."""
     batching: BatchingPolicy | None = None
     """How its requests are batched (the server's policy with the model's own fields over it)."""
+    run_cost: tuple[float, float] = (0.0, 0.0)
+    """(a, b): its run time as a + b·rows seconds, as its warm-up measured it."""
     statistics: VersionStatistics = field(default_factory=VersionStatistics)
     """Its figures since this load (Triton's ModelStatistics)."""
     holders: int = 0

@@ -71,6 +71,9 @@ class Loaded:
     """The SavedModel's SignatureDefs, as GetModelMetadata returns them."""
     seconds: float
     """Load and warm-up time."""
+    run_cost: tuple[float, float] = (0.0, 0.0)
+    """(a, b): its default signature's run time as a + b·rows seconds, as the warm-up measured
+    it (a latency target starts from it)."""
 
 
 @dataclass(frozen=True)

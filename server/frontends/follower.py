@@ -63,6 +63,7 @@ class Follower:
                         servable = Servable(name=model_view.source.name, version=v.version, path=v.path, id=v.id)
                         servable.signature_defs = v.signature_defs
                         servable.batching = v.batching
+                        servable.run_cost = v.run_cost
                         servable.predictor = Predictor(v.info, batcher_for(servable, v.batching, self._worker,
                                                                            self._devices, self._frontends))
                         self._by_id[v.id] = servable

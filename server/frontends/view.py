@@ -32,6 +32,7 @@ class VersionView:
     """While it serves (AVAILABLE): its signatures, for requests and metadata."""
     signature_defs: Mapping[str, SignatureDefinition]
     batching: BatchingPolicy | None
+    run_cost: tuple[float, float] = (0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,7 @@ def snapshot(registry: Registry, seq: int, serving: bool, configured: tuple[str,
             versions.append(VersionView(
                 servable.id, servable.version, servable.path, servable.state, servable.error,
                 predictor.model if available and predictor is not None else None,
-                dict(servable.signature_defs) if available else {}, servable.batching if available else None))
+                dict(servable.signature_defs) if available else {}, servable.batching if available else None,
+                servable.run_cost))
         models.append(ModelView(model.source, tuple(versions)))
     return View(seq, tuple(models), registry.starting, serving, configured)

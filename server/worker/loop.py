@@ -68,6 +68,7 @@ log = logging.getLogger(__name__)
 # tensorflow.error.Code values for load failures TensorFlow itself does not code.
 UNKNOWN, INVALID_ARGUMENT, NOT_FOUND, DATA_LOSS = 2, 3, 5, 15
 MAX_ERROR_CHARS = 2000
+DEFAULT_SIGNATURE = "serving_default"
 MAX_BATCH_THREADS = 16
 """Most batches run at once, whatever the servables allow together (more wait for a thread)."""
 
@@ -191,9 +192,10 @@ class _Servables:
                                                on_trace=counter(name))
                 for name, signature in info.signatures.items()
             }
-            for runner in runners.values():
+            costs: dict[str, tuple[float, float]] = {}
+            for name, runner in runners.items():
                 try:
-                    runner.warm_up(job.warm_up_sizes)
+                    costs[name] = runner.warm_up(job.warm_up_sizes)
                 except replicas.WarmUpFailed as exc:
                     if job.warm_up_failure_allowed_by is None:
                         raise
@@ -214,8 +216,9 @@ class _Servables:
                                                 frozenset(info.unbatched)))
         gc.collect()
         gc.freeze()
+        first = DEFAULT_SIGNATURE if DEFAULT_SIGNATURE in costs else next(iter(costs), "")
         return Loaded(job.servable_id, info, loaded.signature_defs,
-                      time.perf_counter() - started)
+                      time.perf_counter() - started, costs.get(first, (0.0, 0.0)))
 
     def _unload(self, servable_id: int) -> None:
         self._batches.forget(servable_id)

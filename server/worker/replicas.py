@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -219,18 +220,31 @@ class SignatureRunner:
             outputs.append(arrays)
         return outputs
 
-    def warm_up(self, sizes: Sequence[int]) -> None:
+    def warm_up(self, sizes: Sequence[int]) -> tuple[float, float]:
         """Run each batch size once (BatchingPolicy.warm_up_sizes) on generated rows (Signature.example),
         so neither tracing nor the kernels' first-use set-up for a new shape lands on a real request;
         and each size below the replica count, so every program (one per count of replicas in use)
-        has run. WarmUpFailed if the model refuses them: the loader decides whether that fails the load."""
-        for rows in sorted({*sizes, *range(1, self.replicas)}) if self.batched else [1]:
+        has run. WarmUpFailed if the model refuses them: the loader decides whether that fails the load.
+        Returns the run time as (a, b), a + b·rows, from a second, timed run of the smallest and the
+        largest size: what a latency target (server.core.latency_target) starts from."""
+        every = sorted({*sizes, *range(1, self.replicas)}) if self.batched else [1]
+        for rows in every:
             try:
                 self(self.signature.example(rows))
             except Exception as exc:
                 if self.executor == DEFAULT_EXECUTOR:
                     raise self._refused(rows, exc) from exc
                 self._switch_to_default_executor(rows)
+        timed = {}
+        for rows in sorted({every[0], every[-1]}):
+            example = self.signature.example(rows)
+            started = time.perf_counter()
+            self(example)
+            timed[rows] = time.perf_counter() - started
+        low, high = min(timed), max(timed)
+        per_row = (timed[high] - timed[low]) / (high - low) if high > low else 0.0
+        per_row = max(per_row, 0.0)
+        return max(timed[low] - per_row * low, 0.0), per_row
 
     def _switch_to_default_executor(self, rows: int) -> None:
         """After a failed call on the single-threaded executor, switch to the default one, which

@@ -52,6 +52,17 @@ def test_unset_fields_keep_the_base_and_minus_one_is_auto() -> None:
     assert params("num_batch_threads { value: 3 }") == BatchingPolicy(64, None, 3, 4096)
 
 
+def test_a_latency_target_comes_from_the_flag_or_the_models_own_field() -> None:
+    assert BASE.target_latency_s is None and "target" not in BASE.describe()
+    flagged = server_policy(parse_settings(["--target-latency-ms", "20"], environ={}))
+    assert flagged.target_latency_s == 0.02 and flagged.describe().endswith("target_latency=20ms")
+    assert params("target_latency_ms { value: 7.5 }").target_latency_s == 0.0075
+    with pytest.raises(ValueError, match="target_latency_ms must be > 0, got 0"):
+        params("target_latency_ms { value: 0 }")
+    with pytest.raises(SystemExit):
+        parse_settings(["--target-latency-ms", "-3"], environ={})
+
+
 def test_a_source_that_sets_one_size_field_sets_both() -> None:
     """Sizes inherited from the flags never disagree with a maximum set below them."""
     base = BatchingPolicy(16, None, 2, 100, allowed_batch_sizes=(4, 16))
