@@ -41,11 +41,11 @@ def test_a_scrape_on_the_metrics_port_answers_while_every_admission_slot_is_take
     server = start_server(["--model-base-path", str(model_dirs["demo"]), "--model-name", "demo",
                            "--max-concurrent-rpcs", str(SLOTS), "--metrics-port", "0", "--drain-delay-s", "0",
                            "--grace-period-s", "3"], tmp_path / "server.log")
-    match = re.search(r"metrics_port=(\d+)", server.log())
-    assert match is not None
-    metrics_port = int(match.group(1))
     held = []
     try:
+        match = re.search(r"metrics_port=(\d+)", server.log())
+        assert match is not None
+        metrics_port = int(match.group(1))
         assert get(f"{server.rest_url}/metrics")[0] == 200
         held = [hold_a_slot(server.rest_port) for _ in range(SLOTS)]
         deadline = time.monotonic() + 10

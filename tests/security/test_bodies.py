@@ -109,12 +109,16 @@ def test_16_concurrent_30_mb_json_bodies_stay_within_the_byte_budget(
     from tests.integration.conftest import start_server
     from tests.security.conftest import LOOPBACK, config_file, rss_mb
 
+    body = b'{"instances": [' + (b"[0,0,0,0,0,0,0,0]," * 1_670_000)[:-1] + b"]}"
+    assert 29_000_000 < len(body) < 31_000_000
     config = config_file(tmp_path / "models.config", {"demo": security_models / "demo"})
     server = start_server(["--model-config-file", str(config), "--request-bytes-budget", str(BUDGET),
                            "--drain-delay-s", "0", *LOOPBACK], tmp_path / "server.log")
-    body = b'{"instances": [' + (b"[0,0,0,0,0,0,0,0]," * 1_670_000)[:-1] + b"]}"
-    assert 29_000_000 < len(body) < 31_000_000
-    watcher = Bystander(server)
+    try:
+        watcher = Bystander(server)
+    except BaseException:
+        server.stop()
+        raise
     peak = [0.0]
     done = threading.Event()
 
