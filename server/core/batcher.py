@@ -293,13 +293,6 @@ class Batcher:
             self._observer.target_planned(self._plan.batch_size, a, b, rate)
         return self._plan
 
-    @property
-    def fit(self) -> RunTimeFit:
-        return self._fit
-
-    def arrival_rate(self) -> float:
-        return self._rate.per_second(self._clock())
-
     def _batch_rows(self) -> int:
         """The most rows a batch takes: the budget, or with a target its batch size B*."""
         target = self.target_plan()
