@@ -8,6 +8,7 @@ from __future__ import annotations
 import concurrent.futures
 import gzip
 import json
+import os
 import time
 import zlib
 
@@ -128,12 +129,19 @@ def test_16_concurrent_30_mb_json_bodies_stay_within_the_byte_budget(
             time.sleep(0.02)
 
     try:
-        with Attack(server, watcher) as attack:
+        # A 3 s baseline (about 750 calls) as the attack lasts about as long: a 1 s one (250 calls)
+        # put the baseline p99 anywhere from 2.9 to 7.8 ms in five runs.
+        with Attack(server, watcher, baseline_s=3.0) as attack:
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
+            def send(_: int) -> tuple[int, bytes]:
+                # The attacker's own CPU (sending 480 MB) is not the server's on a real network: here
+                # it shares the two cores, so its threads yield them (per-thread niceness, Linux).
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+                return post(server.rest_port, "/v1/models/demo:predict", body, {"Content-Type": "application/json"})
+
             with concurrent.futures.ThreadPoolExecutor(16) as pool:
-                answers = list(pool.map(lambda _: post(server.rest_port, "/v1/models/demo:predict", body,
-                                                       {"Content-Type": "application/json"}), range(16)))
+                answers = list(pool.map(send, range(16)))
             done.set()
             sampler.join()
         statuses = sorted(status for status, _ in answers)
