@@ -617,7 +617,9 @@ class Batcher:
                 split = split_rows(outputs, [s.rows for s in live])
             self._cost.add(ran.run_rows or padded, ran.seconds)
             if self._target_s is not None:
-                self._fit.add(ran.run_rows or padded, ran.seconds)
+                # The whole round trip, not the model's time alone: handing the batch over and
+                # splitting its answer are part of every request's wait behind it.
+                self._fit.add(ran.run_rows or padded, self._clock() - handed)
                 self._plan = None
             if ran.counted_rows is not None:
                 counted = ran.counted_rows
