@@ -45,6 +45,7 @@ none), so an inherited size list can never disagree with a model's own maximum.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,34 +69,49 @@ next waits, while a change of load shows within a few batches."""
 
 class BatchCost:
     """A batch's time as fixed + per_row * rows, fitted by least squares over recent batches
-    (moving averages of rows, seconds, rows² and rows·seconds, the newest weighing SMOOTHING; the
-    first batch sets them). The fixed part is what merging two batches into one saves, so it is
-    what waiting for more rows can earn. While every recent batch had the same rows, nothing
-    tells the parts apart and the whole time counts as fixed."""
+    (moving averages of rows, seconds, rows², rows·seconds and seconds², the newest weighing
+    `weight`, SMOOTHING by default; the first batch sets them). The fixed part is what merging two
+    batches into one saves, so it is what waiting for more rows can earn. While every recent batch
+    had the same rows, nothing tells the parts apart and the whole time counts as fixed. The
+    latency target (server.core.latency_target) fits the same way, more slowly."""
 
-    def __init__(self) -> None:
+    def __init__(self, weight: float = SMOOTHING) -> None:
         self.seconds = 0.0
         """Average batch time; 0 until a batch has been timed."""
+        self.count = 0
+        """Batches timed."""
+        self._weight = weight
         self._rows = 0.0
         self._rows2 = 0.0
         self._rows_seconds = 0.0
-        self._timed = False
+        self._seconds2 = 0.0
 
     def add(self, rows: int, seconds: float) -> None:
-        weight = SMOOTHING if self._timed else 1.0
-        self._timed = True
+        weight = self._weight if self.count else 1.0
+        self.count += 1
         self.seconds += weight * (seconds - self.seconds)
         self._rows += weight * (rows - self._rows)
         self._rows2 += weight * (rows * rows - self._rows2)
         self._rows_seconds += weight * (rows * seconds - self._rows_seconds)
+        self._seconds2 += weight * (seconds * seconds - self._seconds2)
+
+    @property
+    def per_row_seconds(self) -> float:
+        variance = self._rows2 - self._rows * self._rows
+        if variance <= 1e-9:
+            return 0.0
+        return max(0.0, (self._rows_seconds - self._rows * self.seconds) / variance)
 
     @property
     def fixed_seconds(self) -> float:
-        variance = self._rows2 - self._rows * self._rows
-        if variance <= 1e-9:
-            return self.seconds
-        per_row = max(0.0, (self._rows_seconds - self._rows * self.seconds) / variance)
-        return min(self.seconds, max(0.0, self.seconds - per_row * self._rows))
+        return max(0.0, self.seconds - self.per_row_seconds * self._rows)
+
+    def spread(self) -> float:
+        """Root mean square of the residuals around the fit (seconds), from the moving moments."""
+        a, b = self.fixed_seconds, self.per_row_seconds
+        mean_square = (self._seconds2 - 2 * a * self.seconds - 2 * b * self._rows_seconds + a * a
+                       + 2 * a * b * self._rows + b * b * self._rows2)
+        return math.sqrt(max(0.0, mean_square))
 
 
 def busy_share(wall_seconds: float, loop_cpu_seconds: float) -> float:

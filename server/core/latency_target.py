@@ -22,6 +22,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from server.core.batching_policy import BatchCost
+
 FIT_WEIGHT = 0.05
 """Weight of the newest batch in the fit's moving averages: about the last twenty batches count,
 so a change in the model's speed shows within a few dozen batches."""
@@ -59,24 +61,19 @@ class ArrivalRate:
 
 
 class RunTimeFit:
-    """A model's run time as a + b·rows by least squares over exponentially weighted moving
-    averages (the newest batch weighing FIT_WEIGHT; the first sets them), with the spread of its
-    residuals. Until two different sizes have run, nothing tells a from b, and the whole time
-    counts as a."""
+    """A model's run time as a + b·rows: a BatchCost whose newest batch weighs FIT_WEIGHT, with
+    the spread of its residuals; the warm-up's (a, b) until MIN_BATCHES have run."""
 
     def __init__(self, a: float = 0.0, b: float = 0.0) -> None:
-        self.count = 0
         self._seed = (a, b)
-        self._x = self._y = self._xx = self._xy = self._yy = 0.0
+        self._cost = BatchCost(FIT_WEIGHT)
 
     def add(self, rows: int, seconds: float) -> None:
-        w = FIT_WEIGHT if self.count else 1.0
-        self.count += 1
-        self._x += w * (rows - self._x)
-        self._y += w * (seconds - self._y)
-        self._xx += w * (rows * rows - self._xx)
-        self._xy += w * (rows * seconds - self._xy)
-        self._yy += w * (seconds * seconds - self._yy)
+        self._cost.add(rows, seconds)
+
+    @property
+    def count(self) -> int:
+        return self._cost.count
 
     @property
     def trusted(self) -> bool:
@@ -86,21 +83,11 @@ class RunTimeFit:
         """(a, b) in seconds and seconds per row: the warm-up's until MIN_BATCHES have run."""
         if not self.trusted:
             return self._seed
-        variance = self._xx - self._x * self._x
-        if variance <= 1e-9:
-            return self._y, 0.0
-        b = max(0.0, (self._xy - self._x * self._y) / variance)
-        return max(0.0, self._y - b * self._x), b
+        return self._cost.fixed_seconds, self._cost.per_row_seconds
 
     def spread(self) -> float:
         """Root mean square of the residuals around the fit (seconds); 0 until trusted."""
-        if not self.trusted:
-            return 0.0
-        a, b = self.ab()
-        # E[(y - a - b x)^2] from the moving moments
-        mean_square = (self._yy - 2 * a * self._y - 2 * b * self._xy + a * a + 2 * a * b * self._x
-                       + b * b * self._xx)
-        return math.sqrt(max(0.0, mean_square))
+        return self._cost.spread() if self.trusted else 0.0
 
 
 def run_seconds(a: float, b: float, rows: int) -> float:
