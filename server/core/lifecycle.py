@@ -118,10 +118,11 @@ class Worker(Runner, Protocol):
     async def load(self, servable_id: int, name: str, version: int, path: str,
                    warm_up_sizes: tuple[int, ...], max_inflight: int,
                    warm_up_failure_allowed_by: str | None = None, max_batch_rows: int = 0,
-                   allowed_batch_sizes: tuple[int, ...] = ()) -> Loaded:
+                   allowed_batch_sizes: tuple[int, ...] = (), measure_cost: bool = False) -> Loaded:
         """Load and warm up one version under the servable id; LoadError if it fails (its warm-up
         on generated rows included, unless `warm_up_failure_allowed_by` says what allows that).
-        `max_batch_rows` and `allowed_batch_sizes`: how the worker may merge front-ends' batches."""
+        `max_batch_rows` and `allowed_batch_sizes`: how the worker may merge front-ends' batches;
+        `measure_cost`: time its run cost for a latency target (Loaded.run_cost)."""
 
     async def unload(self, servable_id: int) -> None:
         """Free a servable that will be sent no more batches."""
@@ -391,7 +392,8 @@ class Lifecycle:
             loaded = await self._worker.load(servable.id, name, version, path, policy.warm_up_sizes(),
                                              policy.max_inflight_batches, self._warm_up_failure_allowed_by(path),
                                              policy.max_batch_size if policy.batching else 0,
-                                             tuple(policy.allowed_batch_sizes))
+                                             tuple(policy.allowed_batch_sizes),
+                                             measure_cost=policy.batching and policy.target_latency_s is not None)
         except (LoadError, Unavailable) as exc:
             self._load_failed(servable, exc)
             return

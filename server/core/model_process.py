@@ -337,14 +337,14 @@ class ModelProcess(WorkerLink):
     async def load(self, servable_id: int, name: str, version: int, path: str,
                    warm_up_sizes: tuple[int, ...], max_inflight: int,
                    warm_up_failure_allowed_by: str | None = None, max_batch_rows: int = 0,
-                   allowed_batch_sizes: tuple[int, ...] = ()) -> Loaded:
+                   allowed_batch_sizes: tuple[int, ...] = (), measure_cost: bool = False) -> Loaded:
         """Load and warm up one version in the worker under a fresh servable id; LoadError if it
         fails (Load.warm_up_failure_allowed_by says when a failed warm-up does not)."""
         self._check_alive()
         future: asyncio.Future[Loaded] = asyncio.get_running_loop().create_future()
         self._loads[servable_id] = future
         self._send(Load(servable_id, name, version, path, warm_up_sizes, max_inflight, warm_up_failure_allowed_by,
-                        max_batch_rows, allowed_batch_sizes))
+                        max_batch_rows, allowed_batch_sizes, measure_cost))
         return await future
 
     async def unload(self, servable_id: int) -> None:

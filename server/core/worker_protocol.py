@@ -61,6 +61,9 @@ class Load:
     """Most rows of one model run when batches of several front-ends are merged (0: never merge)."""
     allowed_batch_sizes: tuple[int, ...] = ()
     """When set, merged runs only ever have one of these sizes (the model is fed nothing else)."""
+    measure_cost: bool = False
+    """Time the warm-up's smallest and largest size once more, for Loaded.run_cost (a latency
+    target starts from it); off, the load costs no extra run."""
 
 
 @dataclass(frozen=True)

@@ -195,7 +195,7 @@ class _Servables:
             costs: dict[str, tuple[float, float]] = {}
             for name, runner in runners.items():
                 try:
-                    costs[name] = runner.warm_up(job.warm_up_sizes)
+                    costs[name] = runner.warm_up(job.warm_up_sizes, job.measure_cost)
                 except replicas.WarmUpFailed as exc:
                     if job.warm_up_failure_allowed_by is None:
                         raise

@@ -220,13 +220,14 @@ class SignatureRunner:
             outputs.append(arrays)
         return outputs
 
-    def warm_up(self, sizes: Sequence[int]) -> tuple[float, float]:
+    def warm_up(self, sizes: Sequence[int], measure_cost: bool = False) -> tuple[float, float]:
         """Run each batch size once (BatchingPolicy.warm_up_sizes) on generated rows (Signature.example),
         so neither tracing nor the kernels' first-use set-up for a new shape lands on a real request;
         and each size below the replica count, so every program (one per count of replicas in use)
         has run. WarmUpFailed if the model refuses them: the loader decides whether that fails the load.
-        Returns the run time as (a, b), a + b·rows, from a second, timed run of the smallest and the
-        largest size: what a latency target (server.core.latency_target) starts from."""
+        With `measure_cost`, returns the run time as (a, b), a + b·rows, from a second, timed run of
+        the smallest and the largest size: what a latency target (server.core.latency_target)
+        starts from; else (0, 0), with no extra run."""
         every = sorted({*sizes, *range(1, self.replicas)}) if self.batched else [1]
         for rows in every:
             try:
@@ -235,6 +236,8 @@ class SignatureRunner:
                 if self.executor == DEFAULT_EXECUTOR:
                     raise self._refused(rows, exc) from exc
                 self._switch_to_default_executor(rows)
+        if not measure_cost:
+            return 0.0, 0.0
         timed = {}
         for rows in sorted({every[0], every[-1]}):
             example = self.signature.example(rows)

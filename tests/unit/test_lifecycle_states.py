@@ -60,7 +60,7 @@ class FakeWorker:
     async def load(self, servable: int, name: str, version: int, path: str,
                    warm_up_sizes: tuple[int, ...], max_inflight: int,
                    warm_up_failure_allowed_by: str | None = None, max_batch_rows: int = 0,
-                   allowed_batch_sizes: tuple[int, ...] = ()) -> Loaded:
+                   allowed_batch_sizes: tuple[int, ...] = (), measure_cost: bool = False) -> Loaded:
         self._note("load", name, version)
         self.allowed_by.append(warm_up_failure_allowed_by)
         self._gone()
