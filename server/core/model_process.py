@@ -255,9 +255,13 @@ class WorkerLink:
     def check_hung(self, now: float) -> None:
         """Declare hung each servable that has a batch past its time limit: fail its waiting
         batches (their slots stay out of use: the worker may still write to them), refuse its
-        later ones, and tell the server."""
-        for seq, (_, _, servable_id, sent) in list(self._pending.items()):
-            if servable_id in self._hung or seq not in self._pending:
+        later ones, and tell the server. Only each servable's oldest batch is timed (pending
+        batches are in the order they were sent), so its limit is worked out once a tick."""
+        oldest: dict[int, float] = {}
+        for _, _, servable_id, sent in self._pending.values():
+            oldest.setdefault(servable_id, sent)
+        for servable_id, sent in oldest.items():
+            if servable_id in self._hung:
                 continue
             limit = self._hang_rule.limit_s(self._times.get(servable_id) or BatchTimes())
             if now - sent <= limit:
