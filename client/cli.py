@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup-s", type=float, default=2.0, help="warm-up before each measurement (default 2)")
     b.add_argument("--seconds", type=float, default=10.0, help="measured window per load level (default 10)")
     b.add_argument("--timeout", type=float, default=30.0, help="per-request deadline in seconds")
+    b.add_argument("--within-ms", type=float, default=None, metavar="MS",
+                   help="also count the OK answers a second within MS, by the client's clock and by the "
+                        "server's own time (goodput against a latency target)")
     b.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON here")
     b.add_argument("--cpu-of", type=int, action="append", default=[], metavar="PID",
                    help="also report the CPU this process and its children (a server and its model worker) "
@@ -195,11 +198,11 @@ def bench_runs(args: argparse.Namespace) -> list[bench.BenchResult] | int:
     results = []
     for level in (int(c) for c in args.concurrency.split(",") if c.strip() and not args.rate):
         results.append(asyncio.run(bench.closed_loop(connect, level, args.warmup_s, args.seconds, args.rows,
-                                                     args.cpu_of)))
+                                                     args.cpu_of, args.within_ms)))
         print(bench.table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     for rate in (float(r) for r in args.rate.split(",") if r.strip()):
         results.append(asyncio.run(bench.open_loop(connect, rate, args.warmup_s, args.seconds, args.rows,
-                                                   cpu_of=args.cpu_of)))
+                                                   cpu_of=args.cpu_of, within_ms=args.within_ms)))
         print(bench.table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     return results
 

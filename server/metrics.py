@@ -18,6 +18,7 @@ from prometheus_client.core import Metric
 
 if TYPE_CHECKING:  # plain data only: the metrics stay importable from anywhere
     from server.core.batcher import Answer, BatchTiming
+    from server.core.latency_target import Plan
     from server.core.statistics import VersionStatistics
 
 MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
@@ -89,12 +90,21 @@ LATENCY_TARGET_FEASIBLE = Gauge(
 TARGET_BATCH_SIZE = Gauge(
     "mirrorserve_latency_target_batch_size", "The batch size B* the latency target chose last (rows).",
     ["model", "version"], multiprocess_mode="max")
+TARGET_WAIT = Gauge(
+    "mirrorserve_latency_target_wait_seconds", "The longest the latency target lets a batch's oldest request wait "
+    "for B* rows while the model is busy (seconds).", ["model", "version"], multiprocess_mode="max")
 TARGET_FIT = Gauge(
-    "mirrorserve_latency_target_fit_seconds", "The fitted run time: part a (seconds a batch) or b (seconds a row).",
-    ["model", "version", "part"], multiprocess_mode="max")
+    "mirrorserve_latency_target_fit_seconds", "The fitted run time: part a (seconds a batch), b (seconds a row) or "
+    "spread (root mean square of the fit's residuals, seconds).", ["model", "version", "part"], multiprocess_mode="max")
 ARRIVAL_RATE = Gauge(
     "mirrorserve_arrival_rows_per_second", "Rows arriving a second over the last second (with a latency target).",
     ["model", "version"], multiprocess_mode="sum")
+TARGET_RATIO_BUCKETS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+"""Request time over the target: 1.0 is an exact edge for every model, whatever its target."""
+TARGET_RATIO = Histogram(
+    "mirrorserve_latency_target_ratio", "Answered inferences' server-side time over their version's latency target: "
+    "the bucket le=\"1.0\" holds exactly those within it, so 1 - that bucket / the count is the share over it.",
+    ["model", "version"], buckets=TARGET_RATIO_BUCKETS)
 OVER_TARGET = Counter(
     "mirrorserve_over_target_total", "Answered requests that took longer than their version's latency target; "
     "over mirrorserve_requests_total, the exact share over the target.", ["model", "version"])
@@ -346,9 +356,11 @@ class BatcherMetrics:
     def request_shed(self, reason: str) -> None:
         SHED.labels(*self._labels, reason).inc()
 
-    def target_planned(self, batch_size: int, a: float, b: float, rows_per_second: float) -> None:
+    def target_planned(self, plan: Plan, wait_s: float, fit: tuple[float, float, float],
+                       rows_per_second: float) -> None:
         """A latency target's new plan (once a batch)."""
-        TARGET_BATCH_SIZE.labels(*self._labels).set(batch_size)
-        TARGET_FIT.labels(*self._labels, "a").set(a)
-        TARGET_FIT.labels(*self._labels, "b").set(b)
+        TARGET_BATCH_SIZE.labels(*self._labels).set(plan.batch_size)
+        TARGET_WAIT.labels(*self._labels).set(wait_s)
+        for part, value in zip(("a", "b", "spread"), fit, strict=True):
+            TARGET_FIT.labels(*self._labels, part).set(value)
         ARRIVAL_RATE.labels(*self._labels).set(rows_per_second)

@@ -61,10 +61,15 @@ class Recorder:
 
     @staticmethod
     def record_target(servable: Servable, seconds: float) -> None:
-        """An answered inference over its version's latency target counts in mirrorserve_over_target_total."""
+        """An answered inference of a version with a latency target: its time over the target in
+        mirrorserve_latency_target_ratio, and, over it, a count in mirrorserve_over_target_total."""
         policy = servable.batching
-        if policy is not None and policy.target_latency_s is not None and seconds > policy.target_latency_s:
-            metrics.OVER_TARGET.labels(servable.name, str(servable.version)).inc()
+        if policy is None or policy.target_latency_s is None:
+            return
+        labels = (servable.name, str(servable.version))
+        metrics.TARGET_RATIO.labels(*labels).observe(seconds / policy.target_latency_s)
+        if seconds > policy.target_latency_s:
+            metrics.OVER_TARGET.labels(*labels).inc()
 
     def record_runtime(self, method: str, servable: Servable, seconds: float) -> None:
         """TF Serving's runtime_latency of an OK inference: the model's time on its batches."""

@@ -44,7 +44,18 @@ import numpy as np
 from server.config import batch_sizes_problem
 from server.core.assembly import Tensors, check_rows, concat_rows, padding_rows, split_rows
 from server.core.batching_policy import SMOOTHING, BatchCost, auto_bound, busy_share, dispatch_at, padded_rows
-from server.core.latency_target import ArrivalRate, Plan, RunTimeFit, latest_start, plan, predicted_seconds, run_seconds
+from server.core.latency_target import (
+    ArrivalRate,
+    Plan,
+    RunTimeFit,
+    late_after,
+    latest_start,
+    one_row_fits,
+    plan,
+    predicted_seconds,
+    run_seconds,
+    should_shed,
+)
 from server.errors import DeadlineExceeded, Overloaded, OverTarget, QueueFull, Unavailable
 
 RETRY_ROWS = 2
@@ -103,9 +114,12 @@ class BatchObserver(Protocol):
     def request_dropped(self, reason: str) -> None:
         """reason: "deadline" or "cancelled"; the request never reached the model."""
     def request_shed(self, reason: str) -> None:
-        """Refused at arrival to keep the latency target (reason "over_target")."""
-    def target_planned(self, batch_size: int, a: float, b: float, rows_per_second: float) -> None:
-        """The latency target's new plan: its batch size, the fit a + b·rows, the arrival rate."""
+        """Refused to keep the latency target: at arrival (reason "over_target"), or when its batch
+        was taken and it could no longer be answered within the target (reason "late")."""
+    def target_planned(self, plan: Plan, wait_s: float, fit: tuple[float, float, float],
+                       rows_per_second: float) -> None:
+        """The latency target's new plan: its sizes, the longest its oldest request waits for more
+        rows, the fit (a, b, spread), the arrival rate."""
 
 
 class _NoObserver:
@@ -127,7 +141,8 @@ class _NoObserver:
     def request_shed(self, reason: str) -> None:
         pass
 
-    def target_planned(self, batch_size: int, a: float, b: float, rows_per_second: float) -> None:
+    def target_planned(self, plan: Plan, wait_s: float, fit: tuple[float, float, float],
+                       rows_per_second: float) -> None:
         pass
 
 
@@ -289,14 +304,21 @@ class Batcher:
         if self._plan is None:
             a, b = self._fit.ab()
             rate = self._rate.per_second(self._clock())
-            self._plan = plan(self._target_s, a, b, self._fit.spread(), rate, self._sizes)
-            self._observer.target_planned(self._plan.batch_size, a, b, rate)
+            spread = self._fit.spread()
+            self._plan = plan(self._target_s, a, b, spread, rate, self._sizes)
+            wait = max(0.0, self._target_s - self._plan.margin_s - run_seconds(a, b, self._plan.batch_size))
+            self._observer.target_planned(self._plan, wait, (a, b, spread), rate)
         return self._plan
 
     def _batch_rows(self) -> int:
-        """The most rows a batch takes: the budget, or with a target its batch size B*."""
+        """The rows that make a batch full (it goes at once): the budget, or with a target B*."""
         target = self.target_plan()
         return self._max_batch_rows if target is None else min(target.batch_size, self._max_batch_rows)
+
+    def _take_rows(self) -> int:
+        """The most rows a batch takes: the budget, or with a target the plan's take size."""
+        target = self.target_plan()
+        return self._max_batch_rows if target is None else min(target.take_size, self._max_batch_rows)
 
     def wait_bound_s(self) -> float:
         """The longest a batch's oldest row waits for more now: the fixed timeout, or the auto
@@ -366,21 +388,44 @@ class Batcher:
         return await future
 
     def _shed_if_late(self, now: float, rows: int) -> None:
-        """With a target the model cannot keep up with at this rate: refuse a request whose
-        predicted time exceeds the target, so the ones served stay under it."""
+        """With a target: refuse a request predicted to miss it, so the ones served stay under it
+        (server.core.latency_target.should_shed)."""
         target = self.target_plan()
         assert target is not None and self._target_s is not None
-        if target.feasible:
-            return
         a, b = self._fit.ab()
         taken_at, taken_rows = self._running
         left = max(0.0, taken_at + run_seconds(a, b, taken_rows) - now) if self._executing else 0.0
-        predicted = predicted_seconds(a, b, target.batch_size, left, self._queued_rows, rows)
-        if predicted > self._target_s:
+        take = min(target.take_size, self._max_batch_rows)
+        predicted = predicted_seconds(a, b, take, left, self._queued_rows, rows, self._rate.per_second(now))
+        if should_shed(predicted, self._target_s, target, self._fit.spread(), a, b, min(rows, target.take_size)):
             self._observer.request_shed("over_target")
-            raise OverTarget(f"{self._name} cannot meet its latency target at this rate: this request would take "
-                             f"about {predicted * 1000:.0f} ms, over the target of {self._target_s * 1000:.0f} ms; "
+            raise OverTarget(f"{self._name} cannot meet its latency target now: this request would take about "
+                             f"{predicted * 1000:.0f} ms, over the target of {self._target_s * 1000:.0f} ms"
+                             f"{'' if target.feasible else f' less a margin of {target.margin_s * 1000:.0f} ms'}; "
                              f"retry later or on another replica")
+
+    def _late_after(self, key: Hashable, now: float) -> float:
+        """With a target: requests queued before this time can no longer be answered within it by
+        the batch taken now (server.core.latency_target.late_after); -inf without a target."""
+        if self._target_s is None or self._whole(key):
+            return -math.inf
+        a, b = self._fit.ab()
+        if not one_row_fits(self._target_s, a, b):  # no request can make it: served as without a target
+            return -math.inf
+        return late_after(now, self._target_s, a, b, min(self._key_rows.get(key, 0), self._take_rows()))
+
+    def _refuse_late(self, request: _Request, now: float) -> None:
+        """Fail a queued request that would be answered past the target anyway: the model's time
+        goes to the requests that can still make it (Clockwork's and Triton's REJECT-on-timeout
+        idea, against the target instead of a per-request timeout)."""
+        self._observer.request_shed("late")
+        waited = now - request.enqueued_at
+        target_ms = (self._target_s or 0.0) * 1000
+        request.fail(OverTarget(f"{self._name} cannot meet its latency target of {target_ms:.0f} ms for this request: "
+                                f"it waited {waited * 1000:.0f} ms behind others and its batch would end past the "
+                                f"target; retry later or on another replica"))
+        self._unqueue_rest(request)
+        self._pop_head(self._queues[request.key])
 
     async def drain(self) -> None:
         """Refuse new requests, finish every queued and running one, then stop the loop."""
@@ -465,7 +510,7 @@ class Batcher:
             target = self.target_plan()
             assert target is not None
             a, b = self._fit.ab()
-            rows = min(self._key_rows.get(key, 0), self._batch_rows())
+            rows = min(self._key_rows.get(key, 0), self._take_rows())
             return latest_start(first.enqueued_at, self._target_s, target.margin_s, a, b, rows)
         return dispatch_at(first.enqueued_at, self._timeout_s, self._executing, self._cost.seconds, self._auto_bound,
                            self._row_gap, self._key_rows.get(key, 0), self._last_present, self._free_since)
@@ -523,16 +568,20 @@ class Batcher:
                 return key, slices
 
     def _take(self, key: Hashable) -> list[_Slice]:
-        """Cut up to max_batch_rows live rows off the front of key's queue."""
+        """Cut up to max_batch_rows (with a target, the take size) live rows off the front of key's queue."""
         queue = self._queues.get(key)
         slices: list[_Slice] = []
         whole = self._whole(key)
-        budget = self._batch_rows()
+        budget = self._take_rows()
         now = self._clock()
+        late_after = self._late_after(key, now)
         while queue and budget > 0 and not (whole and slices):
             request = queue[0]
             if self._drop_dead(request, now):
                 self._pop_head(queue)
+                continue
+            if request.enqueued_at < late_after and not request.dispatched:
+                self._refuse_late(request, now)
                 continue
             n = request.rows - request.next_row if whole else min(request.rows - request.next_row, budget)
             request.dispatched = True

@@ -8,10 +8,16 @@ fill (B / λ), whichever is longer, then for its own run: L(B) = max(S(B), B / �
 size B* is the largest allowed size whose L(B) fits the target less a margin (three times the
 fit's spread, and a tenth of the target). The smallest size that keeps up is the least B with
 B / S(B) ≥ λ. A batch goes when the queue holds B* rows, when the model is idle (as without a
-target), or when its oldest request would otherwise miss the target. When keeping up needs a
-batch bigger than B* (the target cannot be met at this rate), a request whose predicted time
-exceeds the target is refused at arrival, so the ones served stay under it. A target below a
-one-row run, a + b, cannot be met at all: that is said at load.
+target), or when its oldest request would otherwise miss the target; it takes the rows waiting
+then up to the take size, the largest B with 2·S(B) within the budget (rows already waiting
+need no filling, so a rate measured low does not starve a batch). A request whose predicted
+time (the running batch's rest, the batches of B* ahead of it, its own) exceeds the target is
+refused at arrival, so the ones served stay under it: in the bursts of a rate the model keeps up
+with, and, against the target less the margin, at a rate it cannot keep up with. When a batch
+is taken, a request it cannot answer within the target any more (it waited too long behind a
+slow run) is refused too, and the model's time goes to those that can still make it. A target
+below a one-row run, a + b, cannot be met at all: that is said at load, and such a model is
+served as without shedding (its misses are the model's, not the queue's).
 """
 
 from __future__ import annotations
@@ -104,26 +110,32 @@ def worst_latency(a: float, b: float, rate: float, rows: int) -> float:
 @dataclass(frozen=True)
 class Plan:
     batch_size: int
-    """B*: the largest size whose worst latency fits the target (1 when none does)."""
+    """B*: the largest size whose worst latency fits the target (1 when none does): a batch goes
+    once this many rows wait."""
+    take_size: int
+    """The most rows a batch takes of those already waiting: the largest size whose run, after
+    waiting out one more run of its size, fits (no filling to wait for); at least B*."""
     keep_up_size: int | None
     """The least size that keeps up with the arrival rate; None when no size does."""
     margin_s: float
     feasible: bool
-    """Whether some size fits the target and B* keeps up: if not, requests that would miss the
-    target are refused."""
+    """Whether some size fits the target and the take size keeps up: if not, requests predicted
+    past the target less the margin are refused (should_shed)."""
 
 
 def plan(target_s: float, a: float, b: float, spread: float, rate: float, sizes: Sequence[int]) -> Plan:
-    """B* and the size that keeps up, for a target at the measured rate; `sizes`: the sizes a
-    batch may take (every size up to the maximum, or the allowed ones), ascending. Both searches
-    are bisections: L(B) grows with B, and so does B / S(B)."""
+    """B*, the take size and the size that keeps up, for a target at the measured rate; `sizes`:
+    the sizes a batch may take (every size up to the maximum, or the allowed ones), ascending. The
+    searches are bisections: L(B) grows with B, and so do S(B) and B / S(B)."""
     margin = SPREAD_MARGINS * spread + TARGET_MARGIN * target_s
     budget = target_s - margin
     fitting = bisect.bisect_right(sizes, budget, key=lambda size: worst_latency(a, b, rate, size))
     best = sizes[fitting - 1] if fitting else sizes[0]
+    taking = bisect.bisect_right(sizes, budget, key=lambda size: 2 * run_seconds(a, b, size))
+    take = max(sizes[taking - 1] if taking else sizes[0], best)
     first = bisect.bisect_left(sizes, True, key=lambda size: size >= rate * run_seconds(a, b, size))
     keep_up = sizes[first] if first < len(sizes) else None
-    return Plan(best, keep_up, margin, bool(fitting) and keep_up is not None and keep_up <= best)
+    return Plan(best, take, keep_up, margin, bool(fitting) and keep_up is not None and keep_up <= take)
 
 
 def one_row_fits(target_s: float, a: float, b: float) -> bool:
@@ -132,11 +144,34 @@ def one_row_fits(target_s: float, a: float, b: float) -> bool:
 
 
 def predicted_seconds(a: float, b: float, batch_size: int, running_left_s: float, rows_ahead: int,
-                      rows: int) -> float:
-    """A new request's predicted time: the running batch's rest, the batches of `batch_size` that
-    take the rows queued ahead of it, then the one that takes its own last row."""
-    batches = math.ceil((rows_ahead + rows) / max(batch_size, 1))
-    return running_left_s + batches * run_seconds(a, b, batch_size)
+                      rows: int, rate: float) -> float:
+    """A new request's predicted time: the running batch's rest, the full batches of `batch_size`
+    (the plan's take size) that take the rows queued ahead of it, then its own batch: the rows
+    with it now and those arriving at `rate` before it goes, up to `batch_size`."""
+    size = max(batch_size, 1)
+    full = (rows_ahead + rows - 1) // size
+    waited = running_left_s + full * run_seconds(a, b, size)
+    own = min(size, rows_ahead + rows - full * size + math.floor(rate * waited))
+    return waited + run_seconds(a, b, own)
+
+
+def should_shed(predicted_s: float, target_s: float, plan: Plan, spread: float, a: float, b: float,
+                rows: int) -> bool:
+    """Whether a request predicted to take `predicted_s` is refused. While the plan keeps up, past
+    the target less the run time's noise (SPREAD_MARGINS spreads): a burst, few requests are near
+    it; while it cannot, past the target less the whole margin (every request let in then waits
+    near the edge, and half of those predicted at the bound would miss it). Never when its own
+    run alone would miss: that miss is the model's, not the queue's."""
+    bound = target_s - (SPREAD_MARGINS * spread if plan.feasible else plan.margin_s)
+    return predicted_s > bound and run_seconds(a, b, rows) <= bound
+
+
+def late_after(now: float, target_s: float, a: float, b: float, rows: int) -> float:
+    """Requests queued before this time can no longer be answered within the target by a batch of
+    `rows` taken now: its run, at the fitted time, ends past their target. No margin: a request
+    refused here is a certain miss (with three spreads, an mlp at 30% load lost 25% of its
+    requests to misses that would not have happened)."""
+    return now + run_seconds(a, b, rows) - target_s
 
 
 def latest_start(enqueued_at: float, target_s: float, margin_s: float, a: float, b: float, rows: int) -> float:

@@ -1,12 +1,14 @@
 """A latency target on a real server: a model's own `target_latency_ms` (batching_parameters) and
-its metrics; a target below a one-row run is said at load, and then every request, predicted to
-miss it, is shed (RESOURCE_EXHAUSTED over gRPC, 503 with Retry-After over REST)."""
+its metrics; a burst far past what the target allows is partly refused (RESOURCE_EXHAUSTED over
+gRPC, 503 with Retry-After over REST) and the rest served; a target below a one-row run is said
+at load, and its model is served as without a target, every answer counted over it."""
 
 from __future__ import annotations
 
 import json
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -18,12 +20,19 @@ from server.api.tensor_codec import fill_tensor_proto
 from tests.integration.conftest import start_server
 
 
+BURST = 48
+"""Concurrent requests of 8 rows to a model whose batches take 8: some 48 runs back to back, far
+past a 20 ms target, however fast the machine."""
+
+
 def test_targets_per_model_their_metrics_and_an_infeasible_one(model_dirs: dict[str, Path], tmp_path: Path) -> None:
     config = tmp_path / "models.config"
     config.write_text(
         "model_config_list {\n"
         f'  config {{ name: "demo" base_path: "{model_dirs["demo"]}" model_platform: "tensorflow"\n'
         "    batching_parameters { target_latency_ms { value: 200 } } }\n"
+        f'  config {{ name: "burst" base_path: "{model_dirs["demo"]}" model_platform: "tensorflow"\n'
+        "    batching_parameters { target_latency_ms { value: 20 } max_batch_size { value: 8 } } }\n"
         f'  config {{ name: "echo" base_path: "{model_dirs["echo"]}" model_platform: "tensorflow"\n'
         "    batching_parameters { target_latency_ms { value: 0.001 } } }\n"
         "}\n")
@@ -31,33 +40,60 @@ def test_targets_per_model_their_metrics_and_an_infeasible_one(model_dirs: dict[
     try:
         with grpc.insecure_channel(server.target) as channel:
             stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-            demo = predict_pb2.PredictRequest()
-            demo.model_spec.name = "demo"
-            fill_tensor_proto(demo.inputs["x"], np.ones((3, 8), np.float32))
+
+            def predict(model: str, x: np.ndarray) -> grpc.StatusCode:
+                request = predict_pb2.PredictRequest()
+                request.model_spec.name = model
+                fill_tensor_proto(request.inputs["x"], x)
+                try:
+                    stub.Predict(request, timeout=30)
+                except grpc.RpcError as refused:
+                    assert refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, refused
+                    assert "cannot meet its latency target" in (refused.details() or "")
+                    return refused.code()
+                return grpc.StatusCode.OK
+
             for _ in range(20):
-                stub.Predict(demo, timeout=10)
-            echo = predict_pb2.PredictRequest()
-            echo.model_spec.name = "echo"
-            fill_tensor_proto(echo.inputs["x"], np.ones((1, 2), np.int64))
+                assert predict("demo", np.ones((3, 8), np.float32)) is grpc.StatusCode.OK
+            with ThreadPoolExecutor(BURST) as pool:
+                codes = list(pool.map(lambda _: predict("burst", np.ones((8, 8), np.float32)), range(BURST)))
+            refused = codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED)
+            assert 0 < refused < BURST, codes
+            for _ in range(3):  # a target no run can meet: served, each answer counted over it
+                assert predict("echo", np.ones((1, 2), np.int64)) is grpc.StatusCode.OK
+
+        def rest(_: int) -> int:
+            body = json.dumps({"instances": np.ones((8, 8)).tolist()}).encode()
             try:
-                stub.Predict(echo, timeout=10)
-                raise AssertionError("a request that must miss its target was served")
-            except grpc.RpcError as shed:
-                assert shed.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-                assert "cannot meet its latency target" in (shed.details() or "")
-        body = json.dumps({"instances": [[1, 2]]}).encode()
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(urllib.request.Request(f"{server.rest_url}/v1/models/echo:predict", data=body),
-                                   timeout=10)
-        assert refused.value.code == 503 and refused.value.headers["Retry-After"]
+                with urllib.request.urlopen(urllib.request.Request(f"{server.rest_url}/v1/models/burst:predict",
+                                                                   data=body), timeout=30) as answer:
+                    return int(answer.status)
+            except urllib.error.HTTPError as refusal:
+                assert refusal.headers["Retry-After"] and b"latency target" in refusal.read()
+                return refusal.code
+
+        with ThreadPoolExecutor(BURST) as pool:
+            statuses = list(pool.map(rest, range(BURST)))
+        assert set(statuses) == {200, 503}, statuses
+
         assert server.metric("mirrorserve_latency_target_seconds", model="demo") == 0.2
         assert server.metric("mirrorserve_latency_target_feasible", model="demo") == 1
         assert server.metric("mirrorserve_latency_target_feasible", model="echo") == 0
         assert 1 <= server.metric("mirrorserve_latency_target_batch_size", model="demo") <= 64
         assert server.metric("mirrorserve_latency_target_fit_seconds", model="demo", part="a") > 0
+        assert server.metric("mirrorserve_latency_target_wait_seconds", model="demo") > 0
         assert server.metric("mirrorserve_arrival_rows_per_second", model="demo") > 0
-        assert server.metric("mirrorserve_shed_total", model="echo", reason="over_target") == 2
-        assert server.metric("mirrorserve_over_target_total", model="demo") <= 1
+        # every refusal is counted, at arrival or when its batch was taken
+        shed = sum(server.metric("mirrorserve_shed_total", model="burst", reason=reason)
+                   for reason in ("over_target", "late"))
+        assert shed == refused + statuses.count(503)
+        assert server.metric("mirrorserve_shed_total", model="echo", reason="over_target") == 0
+        assert server.metric("mirrorserve_over_target_total", model="echo") == 3
+        # the ratio histogram's 1.0 edge: exactly the answers within the target
+        within = server.metric("mirrorserve_latency_target_ratio_bucket", model="demo", le="1.0")
+        answered = server.metric("mirrorserve_latency_target_ratio_count", model="demo")
+        assert answered == 20 and within == answered - server.metric("mirrorserve_over_target_total", model="demo")
+        assert server.metric("mirrorserve_latency_target_ratio_bucket", model="echo", le="10.0") == 0
         assert "its latency target of 0.001 ms is below a one-row run" in server.log()
     finally:
         server.stop()

@@ -77,8 +77,21 @@ def test_a_window_over_a_process_that_ends_within_it_reports_no_figure() -> None
 def test_cpu_is_shared_out_over_the_windows_calls() -> None:
     window = CpuWindow()
     window.own_s, window.watched_s = 0.004, None
-    result = summarize("closed", 4, 0.0, 1, 1.0, [(0.001, "OK"), (0.002, "OK"), (0.003, "OK"),
-                                                   (0.004, "UNAVAILABLE")], window)
+    result = summarize("closed", 4, 0.0, 1, 1.0, [(0.001, "OK", None), (0.002, "OK", None), (0.003, "OK", None),
+                                                   (0.004, "UNAVAILABLE", None)], window)
     assert result.client_cpu_us == pytest.approx(1000.0)
     assert result.server_cpu_us is None and result.server_children_cpu_us is None
     assert summarize("closed", 1, 0.0, 1, 1.0, []).client_cpu_us is None
+
+
+def test_server_time_and_answers_within_a_bound() -> None:
+    """The server's own time is summarized from the OK answers that told it; --within-ms counts OK
+    answers within the bound by either clock (a refused call never counts, however fast)."""
+    samples = [(0.004, "OK", 0.001), (0.012, "OK", 0.009), (0.030, "OK", 0.011), (0.002, "RESOURCE_EXHAUSTED", None),
+               (0.005, "OK", None)]
+    result = summarize("open", 0, 5.0, 1, 2.0, samples, within_ms=10.0)
+    assert result.server_p50_ms == pytest.approx(9.0)
+    assert result.server_p99_ms == pytest.approx(11.0)
+    assert result.within_per_s == pytest.approx(1.0)  # 4 and 5 ms, over 2 s
+    assert result.server_within_per_s == pytest.approx(1.0)  # 1 and 9 ms
+    assert summarize("open", 0, 5.0, 1, 2.0, samples).within_per_s is None
