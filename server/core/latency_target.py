@@ -9,8 +9,9 @@ size B* is the largest allowed size whose L(B) fits the target less a margin (th
 fit's spread, and a tenth of the target). The smallest size that keeps up is the least B with
 B / S(B) ≥ λ. A batch goes when the queue holds B* rows, when the model is idle (as without a
 target), or when its oldest request would otherwise miss the target; it takes the rows waiting
-then up to the take size, the largest B with 2·S(B) within the budget (rows already waiting
-need no filling, so a rate measured low does not starve a batch). A request whose predicted
+then up to the take size, the largest B with S(B) + S(B*) within the budget (rows already
+waiting need no filling, so a rate measured low does not starve a batch, and a request arriving
+as it starts still fits). A request whose predicted
 time (the running batch's rest, the batches of B* ahead of it, its own) exceeds the target is
 refused at arrival, so the ones served stay under it: in the bursts of a rate the model keeps up
 with, and, against the target less the margin, at a rate it cannot keep up with. When a batch
@@ -113,8 +114,8 @@ class Plan:
     """B*: the largest size whose worst latency fits the target (1 when none does): a batch goes
     once this many rows wait."""
     take_size: int
-    """The most rows a batch takes of those already waiting: the largest size whose run, after
-    waiting out one more run of its size, fits (no filling to wait for); at least B*."""
+    """The most rows a batch takes of those already waiting: the largest size whose run, followed
+    by a run of B*, fits (a request arriving as it starts can still be served in time); at least B*."""
     keep_up_size: int | None
     """The least size that keeps up with the arrival rate; None when no size does."""
     margin_s: float
@@ -131,7 +132,7 @@ def plan(target_s: float, a: float, b: float, spread: float, rate: float, sizes:
     budget = target_s - margin
     fitting = bisect.bisect_right(sizes, budget, key=lambda size: worst_latency(a, b, rate, size))
     best = sizes[fitting - 1] if fitting else sizes[0]
-    taking = bisect.bisect_right(sizes, budget, key=lambda size: 2 * run_seconds(a, b, size))
+    taking = bisect.bisect_right(sizes, budget, key=lambda size: run_seconds(a, b, size) + run_seconds(a, b, best))
     take = max(sizes[taking - 1] if taking else sizes[0], best)
     first = bisect.bisect_left(sizes, True, key=lambda size: size >= rate * run_seconds(a, b, size))
     keep_up = sizes[first] if first < len(sizes) else None

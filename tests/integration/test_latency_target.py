@@ -13,12 +13,10 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-import pytest
 
 from protos.tensorflow_serving import predict_pb2, prediction_service_pb2_grpc
 from server.api.tensor_codec import fill_tensor_proto
 from tests.integration.conftest import start_server
-
 
 BURST = 48
 """Concurrent requests of 8 rows to a model whose batches take 8: some 48 runs back to back, far

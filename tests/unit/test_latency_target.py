@@ -132,15 +132,13 @@ def p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100)[98]
 
 
-@pytest.mark.parametrize(("load", "most_shed"), [(0.3, 0), (0.6, 0), (0.9, 0.001)])
-def test_below_capacity_the_p99_stays_under_the_target_and_nothing_is_shed(load: float, most_shed: float) -> None:
-    """At 90% of capacity Poisson bursts put a rare request past the target (2 of 2,270 here):
-    it is refused, not served late."""
+@pytest.mark.parametrize("load", [0.3, 0.6, 0.9])
+def test_below_capacity_the_p99_stays_under_the_target_and_nothing_is_shed(load: float) -> None:
     async def main() -> None:
         batcher = start(LoopModel())
         latencies, shed = await poisson(batcher, load * capacity(A, B), 4.0)
         print(f"{load:.0%} of capacity: p99 {p99(latencies) * 1000:.1f} ms (target {TARGET * 1000:.0f}), shed {shed}")
-        assert shed <= most_shed * (shed + len(latencies))
+        assert shed == 0
         assert p99(latencies) <= TARGET, (load, p99(latencies))
         await batcher.drain()
 
@@ -199,6 +197,36 @@ def test_a_lone_request_at_low_load_goes_at_once() -> None:
             await batcher.submit("k", request(i, 1), 1)
             assert model.calls[-1].at == sent
             await asyncio.sleep(1.0)
+        await batcher.drain()
+
+    virtual_time.run(main())
+
+
+@pytest.mark.parametrize(("a", "b", "target"), [(0.001, 0.003, 0.050), (0.002, 0.00007, 0.010)],
+                         ids=["per-row cost (a cnn)", "per-batch cost (an mlp)"])
+@pytest.mark.parametrize("load", [0.6, 0.9, 1.5])
+def test_the_rule_holds_on_models_it_was_not_tuned_on(a: float, b: float, target: float, load: float) -> None:
+    """The same rule on the shapes of bench.latency_target's models, as fitted on this machine:
+    a model whose every row costs (batching buys nothing) and one whose batch costs (batching
+    buys almost everything). The served p99 stays within the target at every load; above
+    capacity about the excess is shed. Below it, only bursts: none at 60%; at 90% 0.1% of the
+    mlp's requests and 2-3.5% of the cnn's, which has no batching to absorb a burst (at 3 ms a
+    row, 15 rows ahead already take the budget, and a Poisson stream at 90% of its capacity
+    queues that many now and then, whatever the policy)."""
+    sizes = list(range(1, 65))
+    best = plan(target, a, b, 0.0, 1e9, sizes).take_size
+    most = best / (a + b * best)  # rows a second at the take size
+
+    async def main() -> None:
+        model = LoopModel()
+        batcher = start(model, target_s=target, cost_seed=(a, b))
+        model.cost = lambda rows: a + b * rows
+        latencies, shed = await poisson(batcher, load * most, 1.0)
+        share = shed / (shed + len(latencies))
+        print(f"a {a * 1e3:g} ms b {b * 1e3:g} ms target {target * 1e3:g} ms, {load:.0%}: p99 "
+              f"{p99(latencies) * 1e3:.1f} ms, shed {share:.3f}")
+        assert p99(latencies) <= target
+        assert share <= (0.0 if load < 0.8 else 0.04) if load < 1 else share == pytest.approx(1 - 1 / load, abs=0.08)
         await batcher.drain()
 
     virtual_time.run(main())
