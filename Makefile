@@ -67,10 +67,12 @@ test: $(STAMP) $(OFFICIAL_STAMP) $(TRITON_STAMP) $(PERF_STAMP) prometheus
 	OFFICIAL_CLIENT_PATH=$(abspath $(OFFICIAL)) TRITON_CLIENT_PATH=$(abspath $(TRITON)) \
 	  PERF_ANALYZER=$(abspath $(PERF))/perf_analyzer $(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
 
-# The performance tables and goals (build/bench/results.md): about 30 minutes; run it on a quiet machine.
+# The performance tables and goals (build/bench/results.md, frontends-mlp.md, latency-target.md): about 45
+# minutes; run it on a quiet machine.
 bench: $(STAMP) $(PERF_STAMP)
 	PERF_ANALYZER=$(abspath $(PERF))/perf_analyzer $(PY) -m bench.suite $(BENCH_ARGS)
 	PERF_ANALYZER=$(abspath $(PERF))/perf_analyzer $(PY) -m bench.frontends --out build/bench $(FRONTENDS_ARGS)
+	$(PY) -m bench.latency_target --out build/bench $(TARGET_ARGS)
 
 # The front-ends table alone (build/bench/frontends-mlp.md; about 6 minutes): --frontends 1, 2 and 4
 # driven by perf_analyzer, a connection per caller (bench/frontends.py).

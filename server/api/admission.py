@@ -59,17 +59,6 @@ class Call:
         self._inferred = time.perf_counter()
         return self._inference
 
-    def note_outside(self, total_s: float) -> None:
-        """Tell a version with a latency target how much of this answered request's `total_s` went
-        outside its batcher (decoding, encoding, waiting for the event loop): its target covers
-        the whole server time (server.core.batcher.Batcher.handled)."""
-        servable, result = self._servable, self._inference
-        if servable is None or result is None or servable.predictor is None:
-            return
-        policy = servable.batching
-        if policy is not None and policy.target_latency_s is not None:
-            servable.predictor.batcher.handled(total_s - (self._inferred - self._handed))
-
     def answered(self) -> RequestTiming:
         """Its response is encoded: where its time went, from receipt until now."""
         now = time.perf_counter()
@@ -144,7 +133,6 @@ class Admission:
         if counted and call.servable is not None:
             call.servable.statistics.request_succeeded(seconds, call.timing)
             self.recorder.record_target(call.servable, seconds)
-            call.note_outside(seconds)
             if call.timing is not None:
                 self.recorder.record_runtime(call.method, call.servable, call.timing.infer_seconds)
         return result

@@ -45,7 +45,6 @@ from server.config import batch_sizes_problem
 from server.core.assembly import Tensors, check_rows, concat_rows, padding_rows, split_rows
 from server.core.batching_policy import SMOOTHING, BatchCost, auto_bound, busy_share, dispatch_at, padded_rows
 from server.core.latency_target import (
-    FIT_WEIGHT,
     ArrivalRate,
     Plan,
     RunTimeFit,
@@ -295,8 +294,6 @@ class Batcher:
         self._sizes = list(allowed_batch_sizes) or list(range(1, max_batch_rows + 1))
         self._plan: Plan | None = None
         """The latency target's plan, made again whenever a batch is taken or finishes."""
-        self._outside = 0.0
-        """Moving average of a request's server time outside the batcher (handled)."""
         self._running: tuple[float, int] = (0.0, 0)
         """When the latest batch was taken, and its rows (for a new request's predicted time)."""
 
@@ -308,21 +305,10 @@ class Batcher:
             a, b = self._fit.ab()
             rate = self._rate.per_second(self._clock())
             spread = self._fit.spread()
-            self._plan = plan(self._inner_target(), a, b, spread, rate, self._sizes)
-            wait = max(0.0, self._inner_target() - self._plan.margin_s - run_seconds(a, b, self._plan.batch_size))
+            self._plan = plan(self._target_s, a, b, spread, rate, self._sizes)
+            wait = max(0.0, self._target_s - self._plan.margin_s - run_seconds(a, b, self._plan.batch_size))
             self._observer.target_planned(self._plan, wait, (a, b, spread), rate)
         return self._plan
-
-    def handled(self, outside_s: float) -> None:
-        """An answered request spent `outside_s` of its server time outside this batcher (decoding,
-        encoding, the event loop's delays): the target covers the whole server time, so the
-        batcher plans to the target less the moving average of that time."""
-        self._outside += FIT_WEIGHT * (max(0.0, outside_s) - self._outside)
-
-    def _inner_target(self) -> float:
-        """The batcher's share of the latency target (the target less the time spent outside it)."""
-        assert self._target_s is not None
-        return max(0.0, self._target_s - self._outside)
 
     def _batch_rows(self) -> int:
         """The rows that make a batch full (it goes at once): the budget, or with a target B*."""
@@ -411,7 +397,7 @@ class Batcher:
         left = max(0.0, taken_at + run_seconds(a, b, taken_rows) - now) if self._executing else 0.0
         take = min(target.take_size, self._max_batch_rows)
         predicted = predicted_seconds(a, b, take, left, self._queued_rows, rows, self._rate.per_second(now))
-        if should_shed(predicted, self._inner_target(), target, self._fit.spread(), a, b, min(rows, target.take_size)):
+        if should_shed(predicted, self._target_s, target, self._fit.spread(), a, b, min(rows, target.take_size)):
             self._observer.request_shed("over_target")
             raise OverTarget(f"{self._name} cannot meet its latency target now: this request would take about "
                              f"{predicted * 1000:.0f} ms, over the target of {self._target_s * 1000:.0f} ms"
@@ -426,7 +412,7 @@ class Batcher:
         a, b = self._fit.ab()
         if not one_row_fits(self._target_s, a, b):  # no request can make it: served as without a target
             return -math.inf
-        return late_after(now, self._inner_target(), a, b, min(self._key_rows.get(key, 0), self._take_rows()))
+        return late_after(now, self._target_s, a, b, min(self._key_rows.get(key, 0), self._take_rows()))
 
     def _refuse_late(self, request: _Request, now: float) -> None:
         """Fail a queued request that would be answered past the target anyway: the model's time
@@ -525,7 +511,7 @@ class Batcher:
             assert target is not None
             a, b = self._fit.ab()
             rows = min(self._key_rows.get(key, 0), self._take_rows())
-            return latest_start(first.enqueued_at, self._inner_target(), target.margin_s, a, b, rows)
+            return latest_start(first.enqueued_at, self._target_s, target.margin_s, a, b, rows)
         return dispatch_at(first.enqueued_at, self._timeout_s, self._executing, self._cost.seconds, self._auto_bound,
                            self._row_gap, self._key_rows.get(key, 0), self._last_present, self._free_since)
 

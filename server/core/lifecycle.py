@@ -193,7 +193,7 @@ def _check_target(servable: Servable, policy: BatchingPolicy) -> None:
     metrics.LATENCY_TARGET_FEASIBLE.labels(servable.name, str(servable.version)).set(int(feasible))
     if not feasible:
         log.warning("model=%s version=%d: its latency target of %g ms is below a one-row run (%.1f ms as warmed "
-                    "up): requests will miss it, and those predicted to are refused when it cannot keep up",
+                    "up): every answer will miss it; it is served as without a target, nothing refused for it",
                     servable.name, servable.version, target * 1000, (a + b) * 1000,
                     extra=_fields(servable.name, servable.version))
 

@@ -20,6 +20,23 @@ from protos.tensorflow_serving import prediction_service_pb2_grpc
 from tests.integration.conftest import ROOT, start_server
 
 
+def test_latency_target_bench_smoke(tmp_path: Path) -> None:
+    """bench.latency_target end to end in seconds: every server answers, every point and goal is
+    written; no timing is asserted (the full run, in `make bench`, is what docs/performance.md shows)."""
+    done = subprocess.run([sys.executable, "-m", "bench.latency_target", "--smoke", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads((tmp_path / "latency-target.json").read_text())
+    points = found["mlp"]["points"]
+    assert found["mlp"]["target_ms"] == 10.0 and found["mlp"]["capacity"] > 0
+    assert {(p["server"], p["load"]) for p in points} == {
+        (server, load) for server in ("target", "max 64 / 2 ms", "max 8 / 0 ms") for load in (0.6, 1.5)}
+    assert all(p["codes"].get("OK", 0) > 0 and p["goodput"] >= 0 for p in points), points
+    assert len(found["goals"]) == 3
+    markdown = (tmp_path / "latency-target.md").read_text()
+    assert "| 60% |" in markdown and "| 150% |" in markdown and "best fixed" in markdown
+
+
 def test_bench_suite_smoke(tmp_path: Path) -> None:
     """A minute, not an hour; no timing is asserted, only that every figure and every goal is produced."""
     done = subprocess.run([sys.executable, "-m", "bench.suite", "--smoke", "--out", str(tmp_path)],
