@@ -11,10 +11,10 @@ B / S(B) ≥ λ. A batch goes when the queue holds B* rows, when the model is id
 target), or when its oldest request would otherwise miss the target; it takes the rows waiting
 then up to the take size, the largest B with S(B) + S(B*) within the budget (rows already
 waiting need no filling, so a rate measured low does not starve a batch, and a request arriving
-as it starts still fits). A request whose predicted
-time (the running batch's rest, the batches of B* ahead of it, its own) exceeds the target is
-refused at arrival, so the ones served stay under it: in the bursts of a rate the model keeps up
-with, and, against the target less the margin, at a rate it cannot keep up with. When a batch
+as it starts still fits). A request whose predicted time (the running batch's rest, the full
+batches of the take size ahead of it, its own) exceeds the target less three spreads is refused
+at arrival, so the ones served stay under it: in the bursts of a rate the model keeps up with,
+and, against the target less the whole margin, at a rate it cannot keep up with. When a batch
 is taken, a request it cannot answer within the target any more (it waited too long behind a
 slow run) is refused too, and the model's time goes to those that can still make it. A target
 below a one-row run, a + b, cannot be met at all: that is said at load, and such a model is
