@@ -88,7 +88,8 @@ LATENCY_TARGET_FEASIBLE = Gauge(
     "mirrorserve_latency_target_feasible", "0 when a one-row run alone, as warmed up, exceeds the latency target.",
     ["model", "version"], multiprocess_mode="min")
 TARGET_BATCH_SIZE = Gauge(
-    "mirrorserve_latency_target_batch_size", "The batch size B* the latency target chose last (rows).",
+    "mirrorserve_latency_target_batch_size", "The batch size B* the latency target chose last (rows; of the "
+    "signature planned last: each has its own fit and plan).",
     ["model", "version"], multiprocess_mode="max")
 TARGET_WAIT = Gauge(
     "mirrorserve_latency_target_wait_seconds", "The longest the latency target lets a batch's oldest request wait "

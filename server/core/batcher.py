@@ -160,6 +160,16 @@ class Answer:
     """Getting their outputs back and split, summed (BatchTiming.output_seconds)."""
 
 
+@dataclass(slots=True)
+class _TargetState:
+    """The latency target's view of one key (signature): its run time, its arrival rate, and the
+    plan made from them (None: to be made again)."""
+
+    fit: RunTimeFit
+    rate: ArrivalRate
+    plan: Plan | None = None
+
+
 @dataclass(eq=False)
 class _Request:
     key: Hashable
@@ -288,36 +298,46 @@ class Batcher:
         share is measured from the earlier one, over a whole batch cycle and the present one."""
         self._task: asyncio.Task[None] | None = None
         self._target_s = target_s
-        self._fit = RunTimeFit(*cost_seed)
-        """The model's run time as a + b·rows, for the latency target."""
-        self._rate = ArrivalRate()
+        self._cost_seed = cost_seed
+        self._targets: dict[Hashable, _TargetState] = {}
+        """Per key (signature): the latency target's fit, arrival rate and plan."""
         self._sizes = list(allowed_batch_sizes) or list(range(1, max_batch_rows + 1))
-        self._plan: Plan | None = None
-        """The latency target's plan, made again whenever a batch is taken or finishes."""
-        self._running: tuple[float, int] = (0.0, 0)
-        """When the latest batch was taken, and its rows (for a new request's predicted time)."""
+        self._running: tuple[float, int, Hashable] = (0.0, 0, None)
+        """When the latest batch was taken, its rows and key (for a new request's predicted time)."""
 
-    def target_plan(self) -> Plan | None:
-        """The latency target's present plan (None without a target)."""
+    def _target_state(self, key: Hashable) -> _TargetState:
+        state = self._targets.get(key)
+        if state is None:
+            state = self._targets[key] = _TargetState(RunTimeFit(*self._cost_seed), ArrivalRate())
+        return state
+
+    def target_plan(self, key: Hashable) -> Plan | None:
+        """The latency target's present plan for `key`'s requests (None without a target)."""
         if self._target_s is None:
             return None
-        if self._plan is None:
-            a, b = self._fit.ab()
-            rate = self._rate.per_second(self._clock())
-            spread = self._fit.spread()
-            self._plan = plan(self._target_s, a, b, spread, rate, self._sizes)
-            wait = max(0.0, self._target_s - self._plan.margin_s - run_seconds(a, b, self._plan.batch_size))
-            self._observer.target_planned(self._plan, wait, (a, b, spread), rate)
-        return self._plan
+        state = self._target_state(key)
+        if state.plan is None:
+            a, b = state.fit.ab()
+            rate = state.rate.per_second(self._clock())
+            spread = state.fit.spread()
+            state.plan = plan(self._target_s, a, b, spread, rate, self._sizes)
+            wait = max(0.0, self._target_s - state.plan.margin_s - run_seconds(a, b, state.plan.batch_size))
+            self._observer.target_planned(state.plan, wait, (a, b, spread), rate)
+        return state.plan
 
-    def _batch_rows(self) -> int:
+    def _replan(self) -> None:
+        """A batch was taken or finished: every key's plan is made again when next asked for."""
+        for state in self._targets.values():
+            state.plan = None
+
+    def _batch_rows(self, key: Hashable) -> int:
         """The rows that make a batch full (it goes at once): the budget, or with a target B*."""
-        target = self.target_plan()
+        target = self.target_plan(key)
         return self._max_batch_rows if target is None else min(target.batch_size, self._max_batch_rows)
 
-    def _take_rows(self) -> int:
+    def _take_rows(self, key: Hashable) -> int:
         """The most rows a batch takes: the budget, or with a target the plan's take size."""
-        target = self.target_plan()
+        target = self.target_plan(key)
         return self._max_batch_rows if target is None else min(target.take_size, self._max_batch_rows)
 
     def wait_bound_s(self) -> float:
@@ -365,9 +385,9 @@ class Batcher:
         if deadline is not None and now >= deadline:
             self._observer.request_dropped("deadline")
             raise DeadlineExceeded("the deadline passed before the request was queued")
-        if self._target_s is not None:
-            self._rate.add(now, rows)
-            self._shed_if_late(now, rows)
+        if self._target_s is not None and not self._whole(key):
+            self._target_state(key).rate.add(now, rows)
+            self._shed_if_late(key, now, rows)
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         request = _Request(key, inputs, rows, future, now, deadline)
         self._queues.setdefault(key, deque()).append(request)
@@ -387,17 +407,22 @@ class Batcher:
         self._wakeup.set()
         return await future
 
-    def _shed_if_late(self, now: float, rows: int) -> None:
+    def _shed_if_late(self, key: Hashable, now: float, rows: int) -> None:
         """With a target: refuse a request predicted to miss it, so the ones served stay under it
-        (server.core.latency_target.should_shed)."""
-        target = self.target_plan()
+        (server.core.latency_target.should_shed). Its key's fit prices the batches ahead of it
+        (queued rows of other signatures too, at its own cost: a bound, not a schedule)."""
+        target = self.target_plan(key)
         assert target is not None and self._target_s is not None
-        a, b = self._fit.ab()
-        taken_at, taken_rows = self._running
-        left = max(0.0, taken_at + run_seconds(a, b, taken_rows) - now) if self._executing else 0.0
+        state = self._target_state(key)
+        a, b = state.fit.ab()
+        left = 0.0
+        if self._executing:
+            taken_at, taken_rows, taken_key = self._running
+            running = self._target_state(taken_key).fit.ab() if taken_key in self._targets else (a, b)
+            left = max(0.0, taken_at + run_seconds(*running, taken_rows) - now)
         take = min(target.take_size, self._max_batch_rows)
-        predicted = predicted_seconds(a, b, take, left, self._queued_rows, rows, self._rate.per_second(now))
-        if should_shed(predicted, self._target_s, target, self._fit.spread(), a, b, min(rows, target.take_size)):
+        predicted = predicted_seconds(a, b, take, left, self._queued_rows, rows, state.rate.per_second(now))
+        if should_shed(predicted, self._target_s, target, state.fit.spread(), a, b, min(rows, target.take_size)):
             self._observer.request_shed("over_target")
             raise OverTarget(f"{self._name} cannot meet its latency target now: this request would take about "
                              f"{predicted * 1000:.0f} ms, over the target of {self._target_s * 1000:.0f} ms"
@@ -409,10 +434,10 @@ class Batcher:
         the batch taken now (server.core.latency_target.late_after); -inf without a target."""
         if self._target_s is None or self._whole(key):
             return -math.inf
-        a, b = self._fit.ab()
+        a, b = self._target_state(key).fit.ab()
         if not one_row_fits(self._target_s, a, b):  # no request can make it: served as without a target
             return -math.inf
-        return late_after(now, self._target_s, a, b, min(self._key_rows.get(key, 0), self._take_rows()))
+        return late_after(now, self._target_s, a, b, min(self._key_rows.get(key, 0), self._take_rows(key)))
 
     def _refuse_late(self, request: _Request, now: float) -> None:
         """Fail a queued request that would be answered past the target anyway: the model's time
@@ -493,8 +518,8 @@ class Batcher:
             self._executing_rows += rows
             self._last_present, self._present = self._present, self._queued_rows + self._executing_rows
             self._taken_at = (self._taken_at[1], (self._clock(), self._loop_cpu_clock()))
-            self._running = (self._taken_at[1][0], rows)
-            self._plan = None
+            self._running = (self._taken_at[1][0], rows, key)
+            self._replan()
             task = asyncio.get_running_loop().create_task(self._execute(key, slices, rows))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
@@ -507,10 +532,10 @@ class Batcher:
         if self._target_s is not None:
             if not self._executing:
                 return first.enqueued_at
-            target = self.target_plan()
+            target = self.target_plan(key)
             assert target is not None
-            a, b = self._fit.ab()
-            rows = min(self._key_rows.get(key, 0), self._take_rows())
+            a, b = self._target_state(key).fit.ab()
+            rows = min(self._key_rows.get(key, 0), self._take_rows(key))
             return latest_start(first.enqueued_at, self._target_s, target.margin_s, a, b, rows)
         return dispatch_at(first.enqueued_at, self._timeout_s, self._executing, self._cost.seconds, self._auto_bound,
                            self._row_gap, self._key_rows.get(key, 0), self._last_present, self._free_since)
@@ -538,8 +563,10 @@ class Batcher:
         return best
 
     def _full_key(self) -> Hashable | None:
-        full = self._batch_rows()
-        return next((k for k, rows in self._key_rows.items() if rows >= full), None)
+        if self._target_s is None:
+            full = self._max_batch_rows
+            return next((k for k, rows in self._key_rows.items() if rows >= full), None)
+        return next((k for k, rows in self._key_rows.items() if rows >= self._batch_rows(k)), None)
 
     async def _next_batch(self) -> tuple[Hashable, list[_Slice]]:
         while True:
@@ -572,7 +599,7 @@ class Batcher:
         queue = self._queues.get(key)
         slices: list[_Slice] = []
         whole = self._whole(key)
-        budget = self._take_rows()
+        budget = self._take_rows(key)
         now = self._clock()
         late_after = self._late_after(key, now)
         while queue and budget > 0 and not (whole and slices):
@@ -665,11 +692,11 @@ class Batcher:
                     outputs = {name: array[:rows] for name, array in outputs.items()}
                 split = split_rows(outputs, [s.rows for s in live])
             self._cost.add(ran.run_rows or padded, ran.seconds)
-            if self._target_s is not None:
+            if self._target_s is not None and not self._whole(key):
                 # The whole round trip, not the model's time alone: handing the batch over and
                 # splitting its answer are part of every request's wait behind it.
-                self._fit.add(ran.run_rows or padded, self._clock() - handed)
-                self._plan = None
+                self._target_state(key).fit.add(ran.run_rows or padded, self._clock() - handed)
+                self._replan()
             if ran.counted_rows is not None:
                 counted = ran.counted_rows
             now = self._clock()

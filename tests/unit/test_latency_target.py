@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import pytest
 import virtual_time
@@ -15,7 +15,8 @@ from batcher_fakes import request
 from test_batching_rules import LoopModel
 from virtual_time import now
 
-from server.core.batcher import Batcher
+from server.core.assembly import Tensors
+from server.core.batcher import Batcher, Ran
 from server.core.latency_target import (
     RunTimeFit,
     latest_start,
@@ -170,7 +171,7 @@ def test_when_the_model_slows_down_the_batch_size_follows_within_a_few_dozen_bat
         batcher = start(model)
 
         def watch(t: float) -> None:
-            target = batcher.target_plan()
+            target = batcher.target_plan("k")
             assert target is not None
             if t >= 2.0 and "before" not in seen:
                 seen["before"] = (target.batch_size, len(model.calls))
@@ -230,3 +231,36 @@ def test_the_rule_holds_on_models_it_was_not_tuned_on(a: float, b: float, target
         await batcher.drain()
 
     virtual_time.run(main())
+
+
+def test_each_signature_has_its_own_fit_and_plan() -> None:
+    """Two signatures of one version, one costing 1 ms a row and one 4 ms (both 20 ms a batch),
+    requests of both interleaved: each key's plan follows its own cost, so the dear one batches
+    fewer rows; one fit over both would give both the same B*."""
+    costs = {"cheap": lambda rows: A + B * rows, "dear": lambda rows: A + 4 * B * rows}
+
+    class KeyedModel(LoopModel):
+        async def __call__(self, key: Hashable, parts: list[Tensors], rows: int) -> Ran:
+            self.cost = costs[str(key)]
+            return await super().__call__(key, parts, rows)
+
+    async def main() -> dict[str, int]:
+        batcher = start(KeyedModel())
+        rng = random.Random(3)
+        tasks = []
+        for i in range(600):
+            key = "cheap" if i % 2 else "dear"
+            tasks.append(asyncio.create_task(batcher.submit(key, request(i, 1), 1)))
+            await asyncio.sleep(rng.expovariate(300.0))
+        await asyncio.gather(*tasks, return_exceptions=True)
+        sizes = {}
+        for key in costs:
+            found = batcher.target_plan(key)
+            assert found is not None
+            sizes[key] = found.batch_size
+        await batcher.drain()
+        return sizes
+
+    sizes = virtual_time.run(main())
+    print(f"B* per signature: {sizes}")
+    assert sizes["dear"] < sizes["cheap"], sizes
