@@ -182,8 +182,9 @@ def batcher_for(servable: Servable, policy: BatchingPolicy, worker: Runner, devi
 
 
 def _check_target(servable: Servable, policy: BatchingPolicy) -> None:
-    """A latency target that a lone row cannot meet is said at load (a WARNING, and the target's
-    feasibility gauge at 0), not left to silent misses."""
+    """A latency target that a lone row cannot meet is said at load, not left to silent misses: a
+    WARNING, the target's feasibility gauge at 0, and the version's status message
+    (Servable.target_note: GetModelStatus, Triton's repository index)."""
     target = policy.target_latency_s
     if target is None or not policy.batching:
         return
@@ -192,9 +193,7 @@ def _check_target(servable: Servable, policy: BatchingPolicy) -> None:
     metrics.LATENCY_TARGET.labels(servable.name, str(servable.version)).set(target)
     metrics.LATENCY_TARGET_FEASIBLE.labels(servable.name, str(servable.version)).set(int(feasible))
     if not feasible:
-        log.warning("model=%s version=%d: its latency target of %g ms is below a one-row run (%.1f ms as warmed "
-                    "up): every answer will miss it; it is served as without a target, nothing refused for it",
-                    servable.name, servable.version, target * 1000, (a + b) * 1000,
+        log.warning("model=%s version=%d: %s", servable.name, servable.version, servable.target_note(),
                     extra=_fields(servable.name, servable.version))
 
 

@@ -92,7 +92,8 @@ class Repository:
             for version in sorted(versions):
                 servable = versions[version]
                 state = STATE_NAMES[servable.state]
-                reason = servable.error[1] if servable.error else ("unloaded" if state == "UNAVAILABLE" else "")
+                reason = servable.error[1] if servable.error else ("unloaded" if state == "UNAVAILABLE" else
+                                                                   servable.target_note())
                 entries.append(IndexEntry(name, str(version), state, reason))
             if not versions:
                 entries.append(IndexEntry(name, "", "UNAVAILABLE", "no version folder its policy serves"))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.core.batching_policy import BatchingPolicy
+from server.core.latency_target import one_row_fits
 from server.core.model_config import ModelSource
 from server.core.prediction import Predictor
 from server.core.signatures import SignatureDefinition
@@ -65,6 +66,17 @@ class Servable:
     a retiring version is unloaded only once none holds it, so a request that resolved to it
     before a rollout, and then awaited its body's decoding, still finds it there."""
     _unheld: list[asyncio.Future[None]] = field(default_factory=list, repr=False)
+
+    def target_note(self) -> str:
+        """What its status says of a latency target a lone row cannot meet ("" otherwise): derived
+        from its policy and warm-up cost, so every front-end says the same without being told."""
+        policy = self.batching
+        target = policy.target_latency_s if policy is not None and policy.batching else None
+        if target is None or one_row_fits(target, *self.run_cost):
+            return ""
+        return (f"its latency target of {target * 1000:g} ms is below a one-row run ({sum(self.run_cost) * 1000:.1f} "
+                f"ms as warmed up): every answer will miss it; it is served as without a target, nothing refused "
+                f"for it")
 
     def hold(self) -> None:
         self.holders += 1

@@ -14,7 +14,12 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from protos.tensorflow_serving import predict_pb2, prediction_service_pb2_grpc
+from protos.tensorflow_serving import (
+    get_model_status_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+)
 from server.api.tensor_codec import fill_tensor_proto
 from tests.integration.conftest import start_server
 
@@ -59,6 +64,12 @@ def test_targets_per_model_their_metrics_and_an_infeasible_one(model_dirs: dict[
             assert 0 < refused < BURST, codes
             for _ in range(3):  # a target no run can meet: served, each answer counted over it
                 assert predict("echo", np.ones((1, 2), np.int64)) is grpc.StatusCode.OK
+            # ...and its status says so (code OK: it serves)
+            ask = get_model_status_pb2.GetModelStatusRequest()
+            ask.model_spec.name = "echo"
+            (echo_status,) = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(ask).model_version_status
+            assert echo_status.status.error_code == 0
+            assert "below a one-row run" in echo_status.status.error_message
 
         def rest(_: int) -> int:
             body = json.dumps({"instances": np.ones((8, 8)).tolist()}).encode()

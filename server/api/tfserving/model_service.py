@@ -49,7 +49,7 @@ def model_status(registry: Registry, name: str, version: int | None, label: str 
     for servable in servables:
         status = response.model_version_status.add(version=servable.version, state=int(servable.state))
         status.status.error_code = servable.error[0] if servable.error else OK
-        status.status.error_message = servable.error[1] if servable.error else ""
+        status.status.error_message = servable.error[1] if servable.error else servable.target_note()
     return response
 
 
