@@ -167,6 +167,9 @@ class Settings:
     admin_client_ca_file: str | None = None
     """PEM CA certificates: client certificates they issued directly may manage models (mutual TLS);
     they are trusted for the handshake beside tls_client_ca_file's."""
+    tracing: str = "off"
+    """off, or otlp: OpenTelemetry traces exported over OTLP/gRPC (server.tracing; the SDK's OTEL_*
+    environment variables configure the endpoint, sampler, service name and resource)."""
     flag_warnings: tuple[str, ...] = ()
     """TF Serving flags accepted and ignored (server.tfs_flags), logged at start."""
 
@@ -352,6 +355,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "re-spread over front-ends and pods")
     p.add_argument("--grpc-max-connection-age-grace-ms", type=_non_negative_int, default=10_000,
                    help="time calls on a closing connection get to finish (default 10000)")
+    p.add_argument("--tracing", choices=("off", "otlp"), default="off",
+                   help="otlp: OpenTelemetry traces of requests and batches, exported over OTLP/gRPC and "
+                        "configured by the SDK's OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, "
+                        "OTEL_TRACES_SAMPLER, OTEL_SERVICE_NAME, ...); default off")
     p.add_argument("--event-loop", choices=event_loop.NAMES, default=event_loop.NAMES[0],
                    help="event loop that runs gRPC, batching and metrics: uvloop (default; less CPU per "
                         "request) or asyncio (the standard library's)")

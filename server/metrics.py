@@ -106,6 +106,9 @@ TARGET_RATIO = Histogram(
     "mirrorserve_latency_target_ratio", "Answered inferences' server-side time over their version's latency target: "
     "the bucket le=\"1.0\" holds exactly those within it, so 1 - that bucket / the count is the share over it.",
     ["model", "version"], buckets=TARGET_RATIO_BUCKETS)
+TRACE_SPANS_DROPPED = Counter(
+    "mirrorserve_trace_spans_dropped_total", "Trace spans the exporter could not send (--tracing otlp: a collector "
+    "down, slow or refusing); requests are never slowed or failed for them.")
 OVER_TARGET = Counter(
     "mirrorserve_over_target_total", "Answered requests that took longer than their version's latency target; "
     "over mirrorserve_requests_total, the exact share over the target.", ["model", "version"])

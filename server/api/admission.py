@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from server import tracing
 from server.api.recording import Recorder
 from server.core.inference import Inference
 from server.core.servables import Servable
@@ -39,6 +40,13 @@ class Call:
     _handed: float = 0.0
     _inferred: float = 0.0
     _inference: Inference | None = None
+    span: Any = None
+    """Its trace span (server.tracing), when tracing is on."""
+    trace_id: str = ""
+    """Its trace id, told to the client (server.tracing.TRACE_ID_TRAILER); "" when not traced."""
+    code: str = "OK"
+    """The status code name it ended with."""
+    message: str = ""
 
     @property
     def servable(self) -> Servable | None:
@@ -58,6 +66,20 @@ class Call:
         self._inference = await work
         self._inferred = time.perf_counter()
         return self._inference
+
+    def end_span(self) -> None:
+        """End its trace span: the version, signature and rows it ran, its code, its queue wait."""
+        servable, result = self._servable, self._inference
+        queue = None
+        if result is not None:
+            queue = (self._handed, self._handed + result.queue_seconds)
+        rows = 0
+        if result is not None and result.outputs:
+            first = next(iter(result.outputs.values()))
+            rows = int(first.shape[0]) if first.ndim else 1
+        tracing.finish_request(self.span, self.code, servable.name if servable else self.name,
+                               servable.version if servable else None, result.signature if result else "", rows,
+                               queue, self.message)
 
     def answered(self) -> RequestTiming:
         """Its response is encoded: where its time went, from receipt until now."""
@@ -81,6 +103,9 @@ class Admission:
     """`accepted` and `answered` count inference calls that reached the handler and that left it,
     so a drain can tell that nothing accepted was lost. After `refuse_new()` every new call is
     answered UNAVAILABLE at once and is not counted as accepted."""
+
+    service_name = ""
+    """The gRPC service's full name (a request's span is named SERVICE/METHOD)."""
 
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = self._recorder = recorder
@@ -161,9 +186,19 @@ def grpc_call(method: str, *, drained: bool = False, counted: bool = False) -> C
                 assert call is not None
                 code, message = self.recorder.failed(call.method, exc, call.started, call.servable, call.name,
                                                      context.peer())
+                call.code, call.message = code.name, message
                 await context.abort(code, message)
 
-            return await self.settle(call, counted, body(self, raw, context, call), fail)
+            if not (tracing.ENABLED and counted):
+                return await self.settle(call, counted, body(self, raw, context, call), fail)
+            call.span = tracing.start_request(f"{self.service_name}/{method}", context.invocation_metadata() or (),
+                                              "grpc")
+            call.trace_id = tracing.trace_id(call.span)
+            with tracing.current(call.span):
+                try:
+                    return await self.settle(call, counted, body(self, raw, context, call), fail)
+                finally:
+                    call.end_span()
 
         return handler
 

@@ -22,14 +22,18 @@ TOTAL_TRAILER = "mirrorserve-server-seconds"
 QUEUE_PARAMETER = "queue_ns"
 COMPUTE_PARAMETER = "compute_ns"
 SERVER_TIMING = "Server-Timing"
+TRACE_ID_TRAILER = "mirrorserve-trace-id"
+"""The request's trace id (32 hex digits), when it is traced (--tracing): a client finds its trace."""
 
 
-def trailers(timing: RequestTiming) -> tuple[tuple[str, str], ...]:
-    return (
+def trailers(timing: RequestTiming, trace_id: str = "") -> tuple[tuple[str, str], ...]:
+    """The timing trailers, and the request's trace id when it is traced (server.tracing)."""
+    told = (
         (QUEUE_TRAILER, f"{timing.queue_seconds:.6f}"),
         (COMPUTE_TRAILER, f"{timing.infer_seconds:.6f}"),
         (TOTAL_TRAILER, f"{timing.total_seconds:.6f}"),
     )
+    return (*told, (TRACE_ID_TRAILER, trace_id)) if trace_id else told
 
 
 def v2_parameters(result: Inference) -> dict[str, int]:

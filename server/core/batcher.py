@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -57,6 +58,8 @@ from server.core.latency_target import (
     should_shed,
 )
 from server.errors import DeadlineExceeded, Overloaded, OverTarget, QueueFull, Unavailable
+
+log = logging.getLogger("server.core.batcher")
 
 RETRY_ROWS = 2
 """A failed batch's re-runs (to find the requests that fail it) cost at most this many times its
@@ -120,6 +123,12 @@ class BatchObserver(Protocol):
                        rows_per_second: float) -> None:
         """The latency target's new plan: its sizes, the longest its oldest request waits for more
         rows, the fit (a, b, spread), the arrival rate."""
+
+
+BatchTrace = Callable[[Hashable, list[Any], int, float, float], None]
+"""Told of a batch's end (server.tracing.batch_recorder): its key, its requests' trace contexts
+(None for an untraced one), its rows, and when it was handed to the model and came back (on the
+batcher's clock)."""
 
 
 class _NoObserver:
@@ -187,6 +196,8 @@ class _Request:
     compute_seconds: float = 0.0
     input_seconds: float = 0.0
     output_seconds: float = 0.0
+    trace: Any = None
+    """Its trace context (server.tracing), when batches are traced."""
 
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
@@ -249,12 +260,17 @@ class Batcher:
         whole: Callable[[Hashable], bool] = lambda key: False,
         target_s: float | None = None,
         cost_seed: tuple[float, float] = (0.0, 0.0),
+        on_batch: BatchTrace | None = None,
+        trace_context: Callable[[], Any] = lambda: None,
     ) -> None:
         """`name`: what a refusal calls the queue's model (e.g. "model 'ranker' version 3").
         `whole(key)`: requests of that key are not batched: each runs alone, whole, at once (no
         batching, or a signature without a batch dimension), and its outputs are its own.
         `target_s`: the latency target (server.core.latency_target), None for none; `cost_seed`:
-        the model's (a, b) as the warm-up measured them, used until enough batches have run."""
+        the model's (a, b) as the warm-up measured them, used until enough batches have run.
+        `on_batch`: told of every batch that served a traced request (server.tracing), with the
+        contexts `trace_context` returned when its requests arrived; the core never sees more
+        of a trace than these opaque values."""
         if max_batch_rows < 1 or max_queued_rows < 1 or max_inflight < 1 or (timeout_s or 0) < 0:
             raise ValueError("batcher limits must be positive")
         problem = batch_sizes_problem(allowed_batch_sizes, max_batch_rows, max_name="the batch budget")
@@ -298,6 +314,8 @@ class Batcher:
         share is measured from the earlier one, over a whole batch cycle and the present one."""
         self._task: asyncio.Task[None] | None = None
         self._target_s = target_s
+        self._on_batch = on_batch
+        self._trace_context = trace_context
         self._cost_seed = cost_seed
         self._targets: dict[Hashable, _TargetState] = {}
         """Per key (signature): the latency target's fit, arrival rate and plan."""
@@ -390,6 +408,8 @@ class Batcher:
             self._shed_if_late(key, now, rows)
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         request = _Request(key, inputs, rows, future, now, deadline)
+        if self._on_batch is not None:
+            request.trace = self._trace_context()
         self._queues.setdefault(key, deque()).append(request)
         self._queued_requests += 1
         self._add_rows(key, rows)
@@ -710,4 +730,9 @@ class Batcher:
             answer = s.request.deliver(s.start, part, s.rows, timing, now)
             if answer is not None:
                 self._observer.request_finished(answer)
+        if self._on_batch is not None:
+            try:
+                self._on_batch(key, [s.request.trace for s in live], rows, handed, now)
+            except Exception:  # a trace is never worth a batch: its answers are out already
+                log.exception("recording the batch's trace failed")
         return None

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Collection, Hashable, Mapping, 
 from pathlib import Path
 from typing import Protocol
 
-from server import metrics
+from server import metrics, tracing
 from server.config import Settings
 from server.core import batching_policy
 from server.core.assembly import Tensors
@@ -175,6 +175,8 @@ def batcher_for(servable: Servable, policy: BatchingPolicy, worker: Runner, devi
         whole=(lambda key: True) if not policy.batching else _unbatched,
         target_s=policy.target_latency_s if policy.batching else None,
         cost_seed=servable.run_cost,
+        on_batch=tracing.batch_recorder(servable.name, servable.version, devices) if tracing.ENABLED else None,
+        trace_context=tracing.current_context,
     )
     batcher.start()
     metrics.QUEUE_ROWS_LIMIT.labels(*labels).set(policy.max_queued_rows)

@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 
+from server import tracing
 from server.api.admission import ConcurrencyLimit
 from server.api.control import ControlPlane
 from server.api.health import Health, add_health_and_reflection
@@ -91,6 +92,7 @@ class FrontEnd:
                  metrics_paths: tuple[str, ...], peers: PeerStatistics | None = None) -> None:
         self.settings = settings
         self.registry = registry
+        tracing.configure(settings.tracing)  # each front-end process its own provider (and exporter)
         self.health = Health((tfs.SERVICE.full_name, tfs_model_service.SERVICE.full_name, v2.SERVICE.full_name))
         # The limit bounds the server: each of its N front-ends admits its share.
         self.limit = ConcurrencyLimit(math.ceil(settings.max_concurrent_rpcs / settings.frontends),

@@ -90,6 +90,8 @@ class PredictionServicer(Admission):
     calls are counted for the drain (server.api.admission).
     """
 
+    service_name = SERVICE.full_name
+
     def __init__(self, registry: Registry, max_tensor_bytes: int, examples: ExampleCalls,
                  logs: RequestLogs | None = None, *, typed_outputs: bool = True) -> None:
         """`typed_outputs`: Predict's outputs in each dtype's typed field, as TF Serving answers
@@ -114,7 +116,7 @@ class PredictionServicer(Admission):
         response = predict_pb2.PredictResponse(model_spec=response_spec(result.servable, result.signature))
         for output, array in result.outputs.items():
             codec.fill_tensor_proto(response.outputs[output], array, typed=self._typed)
-        context.set_trailing_metadata(request_timing.trailers(call.answered()))
+        context.set_trailing_metadata(request_timing.trailers(call.answered(), call.trace_id))
         self._log(result.servable, result.signature, "predict_log", raw, response)
         return response
 
@@ -131,7 +133,7 @@ class PredictionServicer(Admission):
             response, kind = tfs_examples.classification_response(result, spec), "classify_log"
         else:
             response, kind = tfs_examples.regression_response(result, spec), "regress_log"
-        context.set_trailing_metadata(request_timing.trailers(call.answered()))
+        context.set_trailing_metadata(request_timing.trailers(call.answered(), call.trace_id))
         self._log(result.servable, result.signature, kind, raw, response)
         return response
 
@@ -173,7 +175,7 @@ class PredictionServicer(Admission):
         await call.infer(run())
         response = tfs_examples.multi_inference_response(results, [t.method_name for t in request.tasks],
                                                          response_spec)
-        context.set_trailing_metadata(request_timing.trailers(call.answered()))
+        context.set_trailing_metadata(request_timing.trailers(call.answered(), call.trace_id))
         self._log(servable, results[0].signature, "multi_inference_log", raw, response)
         return response
 

@@ -54,6 +54,8 @@ def model_status(registry: Registry, name: str, version: int | None, label: str 
 
 
 class ModelServiceServicer(Admission):
+    service_name = SERVICE.full_name
+
     def __init__(self, registry: Registry, lifecycle: Callable[[], Lifecycle | None],
                  control: Callable[[], ControlPlane]) -> None:
         """`lifecycle` returns None until the model worker has started; `control` says who may

@@ -35,6 +35,8 @@ PROTOCOL = "v2"
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 
 class V2Servicer(Admission):
+    service_name = SERVICE.full_name
+
     def __init__(self, registry: Registry, max_tensor_bytes: int, ready: Callable[[], bool],
                  repository: Repository, control: Callable[[], ControlPlane],
                  peers: PeerStatistics | None = None) -> None:
@@ -96,7 +98,7 @@ class V2Servicer(Admission):
             response.raw_output_contents.append(data)
         for name, value in request_timing.v2_parameters(result).items():
             response.parameters[name].int64_param = value
-        context.set_trailing_metadata(request_timing.trailers(call.answered()))
+        context.set_trailing_metadata(request_timing.trailers(call.answered(), call.trace_id))
         return response
 
     @grpc_call("ModelConfig")

@@ -1,0 +1,178 @@
+"""OpenTelemetry traces (--tracing otlp): a span per request, a span per model run linked to every
+request it served. Off by default, and then nothing here runs on a request (`ENABLED` is False).
+
+Configured as OpenTelemetry users expect: the SDK reads its own environment variables
+(OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG, OTEL_SERVICE_NAME,
+OTEL_RESOURCE_ATTRIBUTES, OTEL_BSP_*); spans leave through the SDK's BatchSpanProcessor and OTLP
+gRPC exporter, off the request path. An exporter that fails (a collector down, slow or refusing)
+drops its batch: counted in mirrorserve_trace_spans_dropped_total and logged at most once a minute.
+
+The caller's W3C `traceparent` (and `tracestate`), in gRPC metadata or HTTP headers, makes the
+request's span its child; without one the sampler decides. Our handlers take raw bytes, so the
+gRPC and aiohttp instrumentations (which wrap generated servicers and aiohttp's own handlers)
+do not fit them: the context is extracted with the API's propagator instead. The model worker
+needs no OpenTelemetry: a batch's span is recorded here from the times the batcher kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Any
+
+from server import metrics
+
+log = logging.getLogger("server.tracing")
+
+ENABLED = False
+"""Set once per process by `configure`; every hook checks it first."""
+_tracer: Any = None
+LOG_EVERY_S = 60.0
+
+
+def configure(kind: str) -> None:
+    """Set this process's tracer provider for --tracing KIND (off: nothing)."""
+    global ENABLED, _tracer
+    if kind != "otlp" or ENABLED:
+        return
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": "mirrorserve"}))
+    provider.add_span_processor(BatchSpanProcessor(_Counted(OTLPSpanExporter())))  # type: ignore[arg-type]
+    trace.set_tracer_provider(provider)
+    _tracer = trace.get_tracer("mirrorserve")
+    ENABLED = True
+
+
+class _Counted:
+    """The exporter, counting the spans of every batch it fails to send (and saying so, rarely)."""
+
+    def __init__(self, exporter: Any) -> None:
+        self._exporter = exporter
+        self._logged = -LOG_EVERY_S
+
+    def export(self, spans: Sequence[Any]) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        try:
+            result = self._exporter.export(spans)
+        except Exception as exc:  # an exporter must never take the server down
+            result, why = SpanExportResult.FAILURE, repr(exc)
+        else:
+            why = "the collector did not take them"
+        if result is not SpanExportResult.SUCCESS:
+            metrics.TRACE_SPANS_DROPPED.inc(len(spans))
+            now = time.monotonic()
+            if now - self._logged >= LOG_EVERY_S:
+                self._logged = now
+                log.warning("dropped %d spans: %s (counted in mirrorserve_trace_spans_dropped_total)", len(spans),
+                            why)
+        return result
+
+    def shutdown(self) -> None:
+        self._exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return bool(self._exporter.force_flush(timeout_millis))
+
+
+def start_request(name: str, carrier: Iterable[tuple[str, Any]], protocol: str) -> Any:
+    """The span of a request, a child of the caller's `traceparent` if it sent one."""
+    from opentelemetry.propagate import extract
+    from opentelemetry.trace import SpanKind
+
+    headers = {key.lower(): value for key, value in carrier if isinstance(value, str)}
+    service, _, method = name.rpartition("/")
+    attributes = {"rpc.system": "grpc", "rpc.service": service.strip("/"), "rpc.method": method} \
+        if protocol == "grpc" else {"http.request.method": "POST", "url.path": name}
+    return _tracer.start_span(name, context=extract(headers), kind=SpanKind.SERVER, attributes=attributes)
+
+
+def trace_id(span: Any) -> str:
+    return f"{span.get_span_context().trace_id:032x}"
+
+
+def finish_request(span: Any, code_name: str, model: str, version: int | None, signature: str, rows: int,
+                   queue: tuple[float, float] | None, message: str = "") -> None:
+    """End a request's span: its model, version, signature, rows and status code; an error or a
+    refusal as the span's status; its queue wait as a child span (perf_counter seconds)."""
+    from opentelemetry import trace
+    from opentelemetry.trace import Status, StatusCode
+
+    span.set_attribute("mirrorserve.model", model)
+    if version is not None:
+        span.set_attribute("mirrorserve.version", version)
+    if signature:
+        span.set_attribute("mirrorserve.signature", signature)
+    span.set_attribute("mirrorserve.rows", rows)
+    span.set_attribute("rpc.grpc.status_code", code_name)
+    if queue is not None:
+        start, end = (_epoch_ns(t, time.perf_counter) for t in queue)
+        child = _tracer.start_span("queue", context=trace.set_span_in_context(span), start_time=start)
+        child.end(end_time=end)
+    if code_name != "OK":
+        span.set_status(Status(StatusCode.ERROR, f"{code_name}: {message}"[:500]))
+    span.end()
+
+
+def batch_recorder(model: str, version: int, replicas: int) -> Callable[[Hashable, list[Any], int, float, float],
+                                                                          None]:
+    """What a batcher calls when a batch ends (server.core.batcher.BatchTrace): a span for the
+    model run, from handing the batch to the model worker to having its outputs back and split,
+    linked to the spans of the requests it served (a batch serves many traces: links are
+    OpenTelemetry's way). A batch that served no traced request records nothing."""
+    from opentelemetry.trace import Link
+
+    def record(key: Hashable, contexts: list[Any], rows: int, handed: float, returned: float) -> None:
+        # a split request is linked once; one its sampler dropped, not at all
+        unique = {(c.trace_id, c.span_id): c for c in contexts if c is not None and c.trace_flags.sampled}
+        links = [Link(context) for context in unique.values()]
+        if not links:
+            return
+        start, end = _epoch_ns(handed, time.monotonic), _epoch_ns(returned, time.monotonic)
+        span = _tracer.start_span("batch", links=links, start_time=start, attributes={
+            "mirrorserve.model": model, "mirrorserve.version": version,
+            "mirrorserve.signature": str(getattr(key, "signature", key)), "mirrorserve.rows": rows,
+            "mirrorserve.requests": len(contexts), "mirrorserve.replicas": replicas,
+            "mirrorserve.rows_per_replica": -(-rows // max(replicas, 1)),
+            "mirrorserve.handed_unix_nano": start, "mirrorserve.returned_unix_nano": end})
+        span.end(end_time=end)
+
+    return record
+
+
+class current:
+    """The request's span as the current one while its handler runs (its task's context), so the
+    batcher can link the batch to it."""
+
+    def __init__(self, span: Any) -> None:
+        self._span = span
+        self._token: Any = None
+
+    def __enter__(self) -> None:
+        from opentelemetry import context, trace
+
+        self._token = context.attach(trace.set_span_in_context(self._span))
+
+    def __exit__(self, *_: object) -> None:
+        from opentelemetry import context
+
+        context.detach(self._token)
+
+
+def current_context() -> Any:
+    """The running request's span context (set by the protocol's hook), for the batcher to link."""
+    from opentelemetry import trace
+
+    context = trace.get_current_span().get_span_context()
+    return context if context.is_valid else None
+
+
+def _epoch_ns(at: float, clock: Callable[[], float]) -> int:
+    """A time on `clock` (seconds) as nanoseconds since the epoch, for a span's start or end."""
+    return time.time_ns() - int((clock() - at) * 1e9)
