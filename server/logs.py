@@ -15,7 +15,10 @@ def configure(log_format: str, level: str) -> None:
     if log_format == "json":
         handler.setFormatter(JsonFormatter(
             "%(asctime)s %(levelname)s %(name)s %(message)s",
-            rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+            # with --tracing, the trace and span a line was logged in (server.tracing)
+            rename_fields={"asctime": "time", "levelname": "level", "name": "logger", "otelTraceID": "trace_id",
+                           "otelSpanID": "span_id", "otelServiceName": "service_name",
+                           "otelTraceSampled": "trace_sampled"},
         ))
     else:
         handler.setFormatter(logging.Formatter(TEXT_FORMAT))

@@ -42,10 +42,18 @@ def configure(kind: str) -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    provider = TracerProvider(resource=Resource.create({"service.name": "mirrorserve"}))
+    resource = Resource.create()  # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, as the SDK reads them
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": "mirrorserve"}))  # unless the user named it
+    provider = TracerProvider(resource=resource)
     provider.add_span_processor(BatchSpanProcessor(_Counted(OTLPSpanExporter())))  # type: ignore[arg-type]
     trace.set_tracer_provider(provider)
     _tracer = trace.get_tracer("mirrorserve")
+    # Every log record gets the current trace and span ids (otelTraceID, otelSpanID; server.logs
+    # names them trace_id and span_id in JSON lines); the format of text lines is left alone.
+    from opentelemetry.instrumentation.logging import LoggingInstrumentor
+
+    LoggingInstrumentor().instrument(inject_trace_context=True, enable_log_auto_instrumentation=False)
     ENABLED = True
 
 
@@ -82,14 +90,18 @@ class _Counted:
 
 
 def start_request(name: str, carrier: Iterable[tuple[str, Any]], protocol: str) -> Any:
-    """The span of a request, a child of the caller's `traceparent` if it sent one."""
+    """The span of a request, a child of the caller's `traceparent` if it sent one: `name` is
+    SERVICE/METHOD over gRPC, "VERB ROUTE" over HTTP (OpenTelemetry's span names for each)."""
     from opentelemetry.propagate import extract
     from opentelemetry.trace import SpanKind
 
     headers = {key.lower(): value for key, value in carrier if isinstance(value, str)}
-    service, _, method = name.rpartition("/")
-    attributes = {"rpc.system": "grpc", "rpc.service": service.strip("/"), "rpc.method": method} \
-        if protocol == "grpc" else {"http.request.method": "POST", "url.path": name}
+    if protocol == "grpc":
+        service, _, method = name.rpartition("/")
+        attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
+    else:
+        verb, _, route = name.partition(" ")
+        attributes = {"http.request.method": verb, "http.route": route}
     return _tracer.start_span(name, context=extract(headers), kind=SpanKind.SERVER, attributes=attributes)
 
 
@@ -104,18 +116,23 @@ def finish_request(span: Any, code_name: str, model: str, version: int | None, s
     from opentelemetry import trace
     from opentelemetry.trace import Status, StatusCode
 
+    if not span.is_recording():  # the sampler dropped it: nothing to add, nothing to end
+        return
     span.set_attribute("mirrorserve.model", model)
     if version is not None:
         span.set_attribute("mirrorserve.version", version)
     if signature:
         span.set_attribute("mirrorserve.signature", signature)
     span.set_attribute("mirrorserve.rows", rows)
-    span.set_attribute("rpc.grpc.status_code", code_name)
+    if code_name.startswith("HTTP_"):
+        span.set_attribute("http.response.status_code", int(code_name[5:]))
+    else:
+        span.set_attribute("rpc.grpc.status_code", code_name)
     if queue is not None:
         start, end = (_epoch_ns(t, time.perf_counter) for t in queue)
         child = _tracer.start_span("queue", context=trace.set_span_in_context(span), start_time=start)
         child.end(end_time=end)
-    if code_name != "OK":
+    if code_name not in ("OK", "HTTP_200"):
         span.set_status(Status(StatusCode.ERROR, f"{code_name}: {message}"[:500]))
     span.end()
 
@@ -157,12 +174,14 @@ class current:
     def __enter__(self) -> None:
         from opentelemetry import context, trace
 
-        self._token = context.attach(trace.set_span_in_context(self._span))
+        if self._span.is_recording():  # a span the sampler dropped has nothing to link or log
+            self._token = context.attach(trace.set_span_in_context(self._span))
 
     def __exit__(self, *_: object) -> None:
         from opentelemetry import context
 
-        context.detach(self._token)
+        if self._token is not None:
+            context.detach(self._token)
 
 
 def current_context() -> Any:
@@ -170,7 +189,7 @@ def current_context() -> Any:
     from opentelemetry import trace
 
     context = trace.get_current_span().get_span_context()
-    return context if context.is_valid else None
+    return context if context.trace_flags.sampled else None
 
 
 def _epoch_ns(at: float, clock: Callable[[], float]) -> int:

@@ -69,6 +69,8 @@ class Call:
 
     def end_span(self) -> None:
         """End its trace span: the version, signature and rows it ran, its code, its queue wait."""
+        if not self.span.is_recording():
+            return
         servable, result = self._servable, self._inference
         queue = None
         if result is not None:

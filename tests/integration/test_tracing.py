@@ -6,9 +6,11 @@ spans whose links cover every request exactly once; the trace id comes back in a
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -132,6 +134,22 @@ def test_predict_spans_under_the_callers_parent_and_batches_linked_once(
             with collector.lock:
                 shared = [s for s in collector.spans if s.name == "batch" and len(s.links) > 1]
             assert shared, "some batches served several requests"
+
+        # REST, TF Serving's and v2's: the same request span under the caller's parent, and a batch
+        for path, body in (("/v1/models/demo:predict", {"instances": [[1.0] * 8]}),
+                           ("/v2/models/demo/infer", {"inputs": [{"name": "x", "shape": [1, 8], "datatype": "FP32",
+                                                                  "data": [1.0] * 8}]})):
+            parent = f"{hash(path) & 0xFFFFFFFFFFFFFFFF:016x}"
+            sent = urllib.request.Request(f"{server.rest_url}{path}", data=json.dumps(body).encode(),
+                                          headers={"traceparent": f"00-{TRACE_ID}-{parent}-01"})
+            with urllib.request.urlopen(sent, timeout=30) as answer:
+                assert answer.headers["mirrorserve-trace-id"] == TRACE_ID
+            (span,) = collector.wait_for(lambda s, parent=parent: s.parent_span_id.hex() == parent)
+            found = attributes(span)
+            assert span.name.startswith("POST /v") and found["http.request.method"] == "POST"
+            assert found["mirrorserve.model"] == "demo" and found["http.response.status_code"] == 200
+            assert collector.wait_for(lambda s, span=span: s.name == "batch" and any(
+                link.span_id == span.span_id for link in s.links))
     finally:
         server.stop()
 

@@ -26,11 +26,12 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from server import metrics
+from server import metrics, tracing
 from server.api.admission import Admission, Call, ConcurrencyLimit
 from server.api.http import json_codec
 from server.api.recording import Recorder
 from server.api.refusals import count_refusal
+from server.api.request_timing import TRACE_ID_TRAILER
 from server.api.status import http_status_for
 from server.core.servables import Servable
 from server.errors import InvalidInput, OverTarget, QueueFull
@@ -127,9 +128,23 @@ def rest_call(method: str, *, drained: bool = False, counted: bool = False) -> C
                     # keep-alive client reconnects instead of writing its next request into a
                     # closed socket.
                     response.force_close()
+                call.code, call.message = f"HTTP_{response.status}", response.reason or ""
                 return response
 
-            return await self.settle(call, counted, body(self, request, call), fail)
+            if not (tracing.ENABLED and counted):
+                return await self.settle(call, counted, body(self, request, call), fail)
+            resource = request.match_info.route.resource
+            route = resource.canonical if resource is not None else request.path
+            call.span = tracing.start_request(f"{request.method} {route}", request.headers.items(), "http")
+            call.code = "HTTP_200"  # unless `fail` answers otherwise
+            call.trace_id = tracing.trace_id(call.span)
+            with tracing.current(call.span):
+                try:
+                    answer = await self.settle(call, counted, body(self, request, call), fail)
+                    answer.headers[TRACE_ID_TRAILER] = call.trace_id
+                    return answer
+                finally:
+                    call.end_span()
 
         return handler
 
