@@ -16,6 +16,7 @@ needs no OpenTelemetry: a batch's span is recorded here from the times the batch
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -146,8 +147,8 @@ def batch_recorder(model: str, version: int, replicas: int) -> Callable[[Hashabl
     from opentelemetry.trace import Link
 
     def record(key: Hashable, contexts: list[Any], rows: int, handed: float, returned: float) -> None:
-        # a split request is linked once; one its sampler dropped, not at all
-        unique = {(c.trace_id, c.span_id): c for c in contexts if c is not None and c.trace_flags.sampled}
+        # a split request is linked once (current_context gave None for one its sampler dropped)
+        unique = {(c.trace_id, c.span_id): c for c in contexts if c is not None}
         links = [Link(context) for context in unique.values()]
         if not links:
             return
@@ -163,25 +164,15 @@ def batch_recorder(model: str, version: int, replicas: int) -> Callable[[Hashabl
     return record
 
 
-class current:
-    """The request's span as the current one while its handler runs (its task's context), so the
-    batcher can link the batch to it."""
+def current(span: Any) -> contextlib.AbstractContextManager[Any]:
+    """The request's span as the current one while its handler runs (its task's context, through
+    the API's use_span), so the batcher can link the batch to it and log lines name it; a span
+    the sampler dropped has nothing to link or log, and is not made current."""
+    from opentelemetry import trace
 
-    def __init__(self, span: Any) -> None:
-        self._span = span
-        self._token: Any = None
-
-    def __enter__(self) -> None:
-        from opentelemetry import context, trace
-
-        if self._span.is_recording():  # a span the sampler dropped has nothing to link or log
-            self._token = context.attach(trace.set_span_in_context(self._span))
-
-    def __exit__(self, *_: object) -> None:
-        from opentelemetry import context
-
-        if self._token is not None:
-            context.detach(self._token)
+    if not span.is_recording():
+        return contextlib.nullcontext()
+    return trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False)
 
 
 def current_context() -> Any:

@@ -440,8 +440,8 @@ class Batcher:
             taken_at, taken_rows, taken_key = self._running
             running = self._target_state(taken_key).fit.ab() if taken_key in self._targets else (a, b)
             left = max(0.0, taken_at + run_seconds(*running, taken_rows) - now)
-        take = min(target.take_size, self._max_batch_rows)
-        predicted = predicted_seconds(a, b, take, left, self._queued_rows, rows, state.rate.per_second(now))
+        predicted = predicted_seconds(a, b, self._take_rows(key), left, self._queued_rows, rows,
+                                      state.rate.per_second(now))
         if should_shed(predicted, self._target_s, target, state.fit.spread(), a, b, min(rows, target.take_size)):
             self._observer.request_shed("over_target")
             raise OverTarget(f"{self._name} cannot meet its latency target now: this request would take about "
@@ -583,9 +583,6 @@ class Batcher:
         return best
 
     def _full_key(self) -> Hashable | None:
-        if self._target_s is None:
-            full = self._max_batch_rows
-            return next((k for k, rows in self._key_rows.items() if rows >= full), None)
         return next((k for k, rows in self._key_rows.items() if rows >= self._batch_rows(k)), None)
 
     async def _next_batch(self) -> tuple[Hashable, list[_Slice]]:
@@ -712,14 +709,14 @@ class Batcher:
                     outputs = {name: array[:rows] for name, array in outputs.items()}
                 split = split_rows(outputs, [s.rows for s in live])
             self._cost.add(ran.run_rows or padded, ran.seconds)
+            now = self._clock()
             if self._target_s is not None and not self._whole(key):
                 # The whole round trip, not the model's time alone: handing the batch over and
                 # splitting its answer are part of every request's wait behind it.
-                self._target_state(key).fit.add(ran.run_rows or padded, self._clock() - handed)
+                self._target_state(key).fit.add(ran.run_rows or padded, now - handed)
                 self._replan()
             if ran.counted_rows is not None:
                 counted = ran.counted_rows
-            now = self._clock()
             input_seconds = max(0.0, ran.input_seconds)
             timing = BatchTiming(input_seconds, ran.seconds, max(0.0, now - handed - input_seconds - ran.seconds))
         except Exception as exc:

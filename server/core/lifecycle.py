@@ -36,7 +36,6 @@ from server.core import batching_policy
 from server.core.assembly import Tensors
 from server.core.batcher import Batcher, Ran
 from server.core.batching_policy import BatchingPolicy
-from server.core.latency_target import one_row_fits
 from server.core.model_config import ConfigError, ModelSource, batching_changes, read_config_file
 from server.core.model_process import LoadError
 from server.core.prediction import Predictor
@@ -190,12 +189,11 @@ def _check_target(servable: Servable, policy: BatchingPolicy) -> None:
     target = policy.target_latency_s
     if target is None or not policy.batching:
         return
-    a, b = servable.run_cost
-    feasible = one_row_fits(target, a, b)
+    note = servable.target_note()
     metrics.LATENCY_TARGET.labels(servable.name, str(servable.version)).set(target)
-    metrics.LATENCY_TARGET_FEASIBLE.labels(servable.name, str(servable.version)).set(int(feasible))
-    if not feasible:
-        log.warning("model=%s version=%d: %s", servable.name, servable.version, servable.target_note(),
+    metrics.LATENCY_TARGET_FEASIBLE.labels(servable.name, str(servable.version)).set(int(not note))
+    if note:
+        log.warning("model=%s version=%d: %s", servable.name, servable.version, note,
                     extra=_fields(servable.name, servable.version))
 
 
