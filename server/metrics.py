@@ -17,6 +17,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.core import Metric
 
 if TYPE_CHECKING:  # plain data only: the metrics stay importable from anywhere
+    from collections.abc import Hashable
+
     from server.core.batcher import Answer, BatchTiming
     from server.core.latency_target import Plan
     from server.core.statistics import VersionStatistics
@@ -88,18 +90,18 @@ LATENCY_TARGET_FEASIBLE = Gauge(
     "mirrorserve_latency_target_feasible", "0 when a one-row run alone, as warmed up, exceeds the latency target.",
     ["model", "version"], multiprocess_mode="min")
 TARGET_BATCH_SIZE = Gauge(
-    "mirrorserve_latency_target_batch_size", "The batch size B* the latency target chose last (rows; of the "
-    "signature planned last: each has its own fit and plan).",
-    ["model", "version"], multiprocess_mode="max")
+    "mirrorserve_latency_target_batch_size", "The batch size B* the latency target chose last for the signature "
+    "(rows).", ["model", "version", "signature"], multiprocess_mode="max")
 TARGET_WAIT = Gauge(
     "mirrorserve_latency_target_wait_seconds", "The longest the latency target lets a batch's oldest request wait "
-    "for B* rows while the model is busy (seconds).", ["model", "version"], multiprocess_mode="max")
+    "for B* rows while the model is busy (seconds).", ["model", "version", "signature"], multiprocess_mode="max")
 TARGET_FIT = Gauge(
     "mirrorserve_latency_target_fit_seconds", "The fitted run time: part a (seconds a batch), b (seconds a row) or "
-    "spread (root mean square of the fit's residuals, seconds).", ["model", "version", "part"], multiprocess_mode="max")
+    "spread (root mean square of the fit's residuals, seconds).", ["model", "version", "signature", "part"],
+    multiprocess_mode="max")
 ARRIVAL_RATE = Gauge(
     "mirrorserve_arrival_rows_per_second", "Rows arriving a second over the last second (with a latency target).",
-    ["model", "version"], multiprocess_mode="sum")
+    ["model", "version", "signature"], multiprocess_mode="sum")
 TARGET_RATIO_BUCKETS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 """Request time over the target: 1.0 is an exact edge for every model, whatever its target."""
 TARGET_RATIO = Histogram(
@@ -360,11 +362,13 @@ class BatcherMetrics:
     def request_shed(self, reason: str) -> None:
         SHED.labels(*self._labels, reason).inc()
 
-    def target_planned(self, plan: Plan, wait_s: float, fit: tuple[float, float, float],
+    def target_planned(self, key: Hashable, plan: Plan, wait_s: float, fit: tuple[float, float, float],
                        rows_per_second: float) -> None:
-        """A latency target's new plan (once a batch)."""
-        TARGET_BATCH_SIZE.labels(*self._labels).set(plan.batch_size)
-        TARGET_WAIT.labels(*self._labels).set(wait_s)
+        """A latency target's new plan (once a batch), labelled with the signature it is for: each
+        has its own fit and plan (of a signature's input layouts, the one planned last)."""
+        labels = (*self._labels, str(getattr(key, "signature", key)))
+        TARGET_BATCH_SIZE.labels(*labels).set(plan.batch_size)
+        TARGET_WAIT.labels(*labels).set(wait_s)
         for part, value in zip(("a", "b", "spread"), fit, strict=True):
-            TARGET_FIT.labels(*self._labels, part).set(value)
-        ARRIVAL_RATE.labels(*self._labels).set(rows_per_second)
+            TARGET_FIT.labels(*labels, part).set(value)
+        ARRIVAL_RATE.labels(*labels).set(rows_per_second)

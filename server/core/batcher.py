@@ -119,9 +119,9 @@ class BatchObserver(Protocol):
     def request_shed(self, reason: str) -> None:
         """Refused to keep the latency target: at arrival (reason "over_target"), or when its batch
         was taken and it could no longer be answered within the target (reason "late")."""
-    def target_planned(self, plan: Plan, wait_s: float, fit: tuple[float, float, float],
+    def target_planned(self, key: Hashable, plan: Plan, wait_s: float, fit: tuple[float, float, float],
                        rows_per_second: float) -> None:
-        """The latency target's new plan: its sizes, the longest its oldest request waits for more
+        """The latency target's new plan for `key`'s requests: its sizes, the longest its oldest request waits for more
         rows, the fit (a, b, spread), the arrival rate."""
 
 
@@ -150,7 +150,7 @@ class _NoObserver:
     def request_shed(self, reason: str) -> None:
         pass
 
-    def target_planned(self, plan: Plan, wait_s: float, fit: tuple[float, float, float],
+    def target_planned(self, key: Hashable, plan: Plan, wait_s: float, fit: tuple[float, float, float],
                        rows_per_second: float) -> None:
         pass
 
@@ -340,7 +340,7 @@ class Batcher:
             spread = state.fit.spread()
             state.plan = plan(self._target_s, a, b, spread, rate, self._sizes)
             wait = max(0.0, self._target_s - state.plan.margin_s - run_seconds(a, b, state.plan.batch_size))
-            self._observer.target_planned(state.plan, wait, (a, b, spread), rate)
+            self._observer.target_planned(key, state.plan, wait, (a, b, spread), rate)
         return state.plan
 
     def _replan(self) -> None:

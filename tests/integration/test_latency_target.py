@@ -88,10 +88,11 @@ def test_targets_per_model_their_metrics_and_an_infeasible_one(model_dirs: dict[
         assert server.metric("mirrorserve_latency_target_seconds", model="demo") == 0.2
         assert server.metric("mirrorserve_latency_target_feasible", model="demo") == 1
         assert server.metric("mirrorserve_latency_target_feasible", model="echo") == 0
-        assert 1 <= server.metric("mirrorserve_latency_target_batch_size", model="demo") <= 64
-        assert server.metric("mirrorserve_latency_target_fit_seconds", model="demo", part="a") > 0
-        assert server.metric("mirrorserve_latency_target_wait_seconds", model="demo") > 0
-        assert server.metric("mirrorserve_arrival_rows_per_second", model="demo") > 0
+        planned = {"model": "demo", "signature": "serving_default"}  # each signature has its own plan
+        assert 1 <= server.metric("mirrorserve_latency_target_batch_size", **planned) <= 64
+        assert server.metric("mirrorserve_latency_target_fit_seconds", **planned, part="a") > 0
+        assert server.metric("mirrorserve_latency_target_wait_seconds", **planned) > 0
+        assert server.metric("mirrorserve_arrival_rows_per_second", **planned) > 0
         # every refusal is counted, at arrival or when its batch was taken
         shed = sum(server.metric("mirrorserve_shed_total", model="burst", reason=reason)
                    for reason in ("over_target", "late"))
