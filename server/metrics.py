@@ -109,8 +109,9 @@ TARGET_RATIO = Histogram(
     "the bucket le=\"1.0\" holds exactly those within it, so 1 - that bucket / the count is the share over it.",
     ["model", "version"], buckets=TARGET_RATIO_BUCKETS)
 TRACE_SPANS_DROPPED = Counter(
-    "mirrorserve_trace_spans_dropped_total", "Trace spans the exporter could not send (--tracing otlp: a collector "
-    "down, slow or refusing); requests are never slowed or failed for them.")
+    "mirrorserve_trace_spans_dropped_total", "Trace spans dropped, never waited for (--tracing otlp), by reason: "
+    "export_failed (a collector down or refusing) or queue_full (the exporter stuck, on a slow or down collector, "
+    "while the span queue filled).", ["reason"])
 OVER_TARGET = Counter(
     "mirrorserve_over_target_total", "Answered requests that took longer than their version's latency target; "
     "over mirrorserve_requests_total, the exact share over the target.", ["model", "version"])

@@ -4,8 +4,11 @@ request it served. Off by default, and then nothing here runs on a request (`ENA
 Configured as OpenTelemetry users expect: the SDK reads its own environment variables
 (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG, OTEL_SERVICE_NAME,
 OTEL_RESOURCE_ATTRIBUTES, OTEL_BSP_*); spans leave through the SDK's BatchSpanProcessor and OTLP
-gRPC exporter, off the request path. An exporter that fails (a collector down, slow or refusing)
-drops its batch: counted in mirrorserve_trace_spans_dropped_total and logged at most once a minute.
+gRPC exporter, off the request path. Spans are dropped, never waited for, when the exporter fails
+(a collector down or refusing: reason export_failed) or while it is stuck and the processor's
+queue (OTEL_BSP_MAX_QUEUE_SIZE) is full (a collector slow or down: reason queue_full); both are
+counted in mirrorserve_trace_spans_dropped_total{reason}, and the SDK's own warnings about them,
+one a span or an attempt, are let through at most once a minute.
 
 The caller's W3C `traceparent` (and `tracestate`), in gRPC metadata or HTTP headers, makes the
 request's span its child; without one the sampler decides. Our handlers take raw bytes, so the
@@ -48,6 +51,8 @@ def configure(kind: str) -> None:
         resource = resource.merge(Resource({"service.name": "mirrorserve"}))  # unless the user named it
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(BatchSpanProcessor(_Counted(OTLPSpanExporter())))  # type: ignore[arg-type]
+    for name in (QUEUE_LOGGER, EXPORTER_LOGGER):
+        logging.getLogger(name).addFilter(_SdkWarnings())
     trace.set_tracer_provider(provider)
     _tracer = trace.get_tracer("mirrorserve")
     # Every log record gets the current trace and span ids (otelTraceID, otelSpanID; server.logs
@@ -56,6 +61,31 @@ def configure(kind: str) -> None:
 
     LoggingInstrumentor().instrument(inject_trace_context=True, enable_log_auto_instrumentation=False)
     ENABLED = True
+
+
+QUEUE_LOGGER = "opentelemetry.sdk._shared_internal"
+"""Where the BatchSpanProcessor says "Queue full, dropping Span." for each span it drops (the SDK
+counts them only in its own metrics pipeline, which this server does not run)."""
+EXPORTER_LOGGER = "opentelemetry.exporter.otlp.proto.grpc.exporter"
+"""Where the OTLP exporter says, each attempt, that it failed or will retry."""
+
+
+class _SdkWarnings(logging.Filter):
+    """Counts the spans the processor's full queue drops, and lets the SDK's warnings through at
+    most once a LOG_EVERY_S per logger: a collector that is down must not flood the log."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._logged = -LOG_EVERY_S
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == QUEUE_LOGGER and str(record.msg).startswith("Queue full"):
+            metrics.TRACE_SPANS_DROPPED.labels("queue_full").inc()
+        now = time.monotonic()
+        if now - self._logged < LOG_EVERY_S:
+            return False
+        self._logged = now
+        return True
 
 
 class _Counted:
@@ -75,7 +105,7 @@ class _Counted:
         else:
             why = "the collector did not take them"
         if result is not SpanExportResult.SUCCESS:
-            metrics.TRACE_SPANS_DROPPED.inc(len(spans))
+            metrics.TRACE_SPANS_DROPPED.labels("export_failed").inc(len(spans))
             now = time.monotonic()
             if now - self._logged >= LOG_EVERY_S:
                 self._logged = now
@@ -92,25 +122,29 @@ class _Counted:
 
 def start_request(name: str, carrier: Iterable[tuple[str, Any]], protocol: str) -> Any:
     """The span of a request, a child of the caller's `traceparent` if it sent one: `name` is
-    SERVICE/METHOD over gRPC, "VERB ROUTE" over HTTP (OpenTelemetry's span names for each)."""
-    from opentelemetry.propagate import extract
+    SERVICE/METHOD over gRPC, "VERB ROUTE" over HTTP (OpenTelemetry's span names for each). The
+    propagator runs only when a header it reads (its `fields`) is there: most requests carry none."""
+    from opentelemetry.propagate import extract, get_global_textmap
     from opentelemetry.trace import SpanKind
 
-    headers = {key.lower(): value for key, value in carrier if isinstance(value, str)}
+    # gRPC metadata keys are lower case already (HTTP/2); HTTP/1.1 header names may come in any case
+    headers = dict(carrier) if protocol == "grpc" else {key.lower(): value for key, value in carrier}
+    parent = extract(headers) if not get_global_textmap().fields.isdisjoint(headers) else None
     if protocol == "grpc":
         service, _, method = name.rpartition("/")
         attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
     else:
         verb, _, route = name.partition(" ")
         attributes = {"http.request.method": verb, "http.route": route}
-    return _tracer.start_span(name, context=extract(headers), kind=SpanKind.SERVER, attributes=attributes)
+    return _tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
 
 
 def trace_id(span: Any) -> str:
-    return f"{span.get_span_context().trace_id:032x}"
+    """The trace id to tell the client: "" for a span the sampler dropped (no trace to find)."""
+    return f"{span.get_span_context().trace_id:032x}" if span.is_recording() else ""
 
 
-def finish_request(span: Any, code_name: str, model: str, version: int | None, signature: str, rows: int,
+def finish_request(span: Any, code_name: str, model: str, version: int | None, signature: str, rows: int | None,
                    queue: tuple[float, float] | None, message: str = "") -> None:
     """End a request's span: its model, version, signature, rows and status code; an error or a
     refusal as the span's status; its queue wait as a child span (perf_counter seconds)."""
@@ -119,16 +153,20 @@ def finish_request(span: Any, code_name: str, model: str, version: int | None, s
 
     if not span.is_recording():  # the sampler dropped it: nothing to add, nothing to end
         return
-    span.set_attribute("mirrorserve.model", model)
+    attributes: dict[str, Any] = {}
+    if model:
+        attributes["mirrorserve.model"] = model
+    if rows is not None:
+        attributes["mirrorserve.rows"] = rows
     if version is not None:
-        span.set_attribute("mirrorserve.version", version)
+        attributes["mirrorserve.version"] = version
     if signature:
-        span.set_attribute("mirrorserve.signature", signature)
-    span.set_attribute("mirrorserve.rows", rows)
+        attributes["mirrorserve.signature"] = signature
     if code_name.startswith("HTTP_"):
-        span.set_attribute("http.response.status_code", int(code_name[5:]))
+        attributes["http.response.status_code"] = int(code_name[5:])
     else:
-        span.set_attribute("rpc.grpc.status_code", code_name)
+        attributes["rpc.grpc.status_code"] = code_name
+    span.set_attributes(attributes)  # at once: one lock, not one an attribute
     if queue is not None:
         start, end = (_epoch_ns(t, time.perf_counter) for t in queue)
         child = _tracer.start_span("queue", context=trace.set_span_in_context(span), start_time=start)

@@ -75,7 +75,7 @@ class Call:
         queue = None
         if result is not None:
             queue = (self._handed, self._handed + result.queue_seconds)
-        rows = 0
+        rows = None if result is None else 0  # a control call (or a call failed before the model) has none
         if result is not None and result.outputs:
             first = next(iter(result.outputs.values()))
             rows = int(first.shape[0]) if first.ndim else 1
@@ -168,12 +168,13 @@ class Admission:
 S = TypeVar("S", bound=Admission)
 
 
-def grpc_call(method: str, *, drained: bool = False, counted: bool = False) -> Callable[
+def grpc_call(method: str, *, drained: bool = False, counted: bool = False, traced: bool = False) -> Callable[
         [Callable[[S, bytes, grpc.aio.ServicerContext, Call], Awaitable[Any]]],
         Callable[[S, bytes, grpc.aio.ServicerContext], Awaitable[Any]]]:
     """The bookkeeping of a gRPC handler `(self, raw, context, call) -> response`: refused while
     draining (`drained`), counted in flight (`counted`: inference calls, both), timed, recorded,
-    and a failure mapped to its status and aborted with it."""
+    and a failure mapped to its status and aborted with it. With --tracing, inference calls and
+    those `traced` (the control calls: reload, load, unload) get a span."""
 
     def decorate(body: Callable[[S, bytes, grpc.aio.ServicerContext, Call], Awaitable[Any]]) -> Callable[
             [S, bytes, grpc.aio.ServicerContext], Awaitable[Any]]:
@@ -191,7 +192,7 @@ def grpc_call(method: str, *, drained: bool = False, counted: bool = False) -> C
                 call.code, call.message = code.name, message
                 await context.abort(code, message)
 
-            if not (tracing.ENABLED and counted):
+            if not (tracing.ENABLED and (counted or traced)):
                 return await self.settle(call, counted, body(self, raw, context, call), fail)
             call.span = tracing.start_request(f"{self.service_name}/{method}", context.invocation_metadata() or (),
                                               "grpc")

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import threading
+import subprocess
+import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent import futures
@@ -18,54 +20,22 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from bench.trace_picture import Receiver, receiving, render
 from protos.tensorflow_serving import predict_pb2, prediction_service_pb2_grpc
 from server.api.tensor_codec import fill_tensor_proto
 from tests.integration.conftest import start_server
+from tests.integration.test_official_client import HERE, official_client_path
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
 CONCURRENT = 32
 
 
-class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
-    """Keeps every span it is sent."""
-
-    def __init__(self) -> None:
-        self.spans: list = []
-        self.lock = threading.Lock()
-
-    def Export(self, request: trace_service_pb2.ExportTraceServiceRequest, context: grpc.ServicerContext) -> \
-            trace_service_pb2.ExportTraceServiceResponse:
-        with self.lock:
-            for resource in request.resource_spans:
-                for scope in resource.scope_spans:
-                    self.spans.extend(scope.spans)
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-    def wait_for(self, predicate, timeout: float = 20.0) -> list:  # type: ignore[no-untyped-def]
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self.lock:
-                found = [s for s in self.spans if predicate(s)]
-            if found:
-                return found
-            time.sleep(0.1)
-        return []
-
-
 @pytest.fixture
 def receiver() -> Iterator[tuple[Receiver, int]]:
-    servicer = Receiver()
-    server = grpc.server(futures.ThreadPoolExecutor(4))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield servicer, port
-    finally:
-        server.stop(0)
+    with receiving() as found:
+        yield found
 
 
 def attributes(span) -> dict:  # type: ignore[no-untyped-def]
@@ -94,8 +64,15 @@ def test_predict_spans_under_the_callers_parent_and_batches_linked_once(
                 _, call = stub.Predict.with_call(request, timeout=30, metadata=metadata)
                 return call.trailing_metadata()
 
-            told = dict(predict(2, (("traceparent", f"00-{TRACE_ID}-{PARENT_ID}-01"),)))
-            assert told["mirrorserve-trace-id"] == TRACE_ID
+            # TF Serving's own client, its answer read as its examples read it (.float_val)
+            official = subprocess.run(
+                [sys.executable, str(HERE / "official_traced_client.py"), server.target, "demo",
+                 f"00-{TRACE_ID}-{PARENT_ID}-01"], env={**os.environ, "PYTHONPATH": official_client_path(),
+                                                        "TF_CPP_MIN_LOG_LEVEL": "2"},
+                capture_output=True, text=True, timeout=300, check=True)
+            told = json.loads(official.stdout.strip().splitlines()[-1])
+            assert told["trailers"]["mirrorserve-trace-id"] == TRACE_ID
+            assert len(told["outputs"]["probabilities"]) == 2 * 3, told  # 2 rows of 3 classes
             (request_span,) = collector.wait_for(lambda s: s.trace_id.hex() == TRACE_ID and s.name.endswith("/Predict"))
             assert request_span.parent_span_id.hex() == PARENT_ID
             assert request_span.name == "tensorflow.serving.PredictionService/Predict"
@@ -134,6 +111,9 @@ def test_predict_spans_under_the_callers_parent_and_batches_linked_once(
             with collector.lock:
                 shared = [s for s in collector.spans if s.name == "batch" and len(s.links) > 1]
             assert shared, "some batches served several requests"
+            # the README's picture, drawn from what was received
+            render(collector.spans, TRACE_ID, tmp_path / "trace.png")
+            assert (tmp_path / "trace.png").read_bytes().startswith(b"\x89PNG")
 
         # REST, TF Serving's and v2's: the same request span under the caller's parent, and a batch
         for path, body in (("/v1/models/demo:predict", {"instances": [[1.0] * 8]}),
@@ -150,36 +130,75 @@ def test_predict_spans_under_the_callers_parent_and_batches_linked_once(
             assert found["mirrorserve.model"] == "demo" and found["http.response.status_code"] == 200
             assert collector.wait_for(lambda s, span=span: s.name == "batch" and any(
                 link.span_id == span.span_id for link in s.links))
+
+        # a control call has its span too: here refused (model management is off), as its status
+        parent = "00000000000c0de1"
+        sent = urllib.request.Request(f"{server.rest_url}/v2/repository/models/demo/load", data=b"{}",
+                                      headers={"traceparent": f"00-{TRACE_ID}-{parent}-01"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(sent, timeout=30)
+        (span,) = collector.wait_for(lambda s: s.parent_span_id.hex() == parent)
+        assert span.name.startswith("POST /v2/repository/models/") and span.name.endswith("/load")
+        assert attributes(span)["http.response.status_code"] == refused.value.code
+        assert span.status.code == span.status.STATUS_CODE_ERROR and str(refused.value.code) in span.status.message
     finally:
         server.stop()
 
 
+REQUESTS = 1000
+
+
 def test_a_collector_that_is_down_fails_nothing_and_its_spans_are_counted(model_dirs: dict[str, Path],
                                                                           tmp_path: Path) -> None:
-    """Traces to a port nobody listens on: every request is answered OK, and the spans the exporter
-    could not send are counted (mirrorserve_trace_spans_dropped_total) and said once in the log."""
+    """Traces to a port nobody listens on, against the same server untraced, 1,000 requests each
+    in turns of 100: every request is answered OK, no slower than untraced beyond noise; the
+    spans the exporter could not send (export_failed) and those its full queue dropped while it
+    retried (queue_full: a queue of 64 here) are counted, and the SDK's warnings about them,
+    one a span or an attempt, reach the log at most once a minute each."""
     import socket
 
     with socket.socket() as probe:  # a free port, closed again: connections to it are refused
         probe.bind(("127.0.0.1", 0))
         dead = probe.getsockname()[1]
     env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{dead}",
-           "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
-    server = start_server(["--model-base-path", str(model_dirs["demo"]), "--model-name", "demo", "--tracing", "otlp",
-                           "--drain-delay-s", "0"], tmp_path / "server.log", env)
+           "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
+           "OTEL_BSP_MAX_QUEUE_SIZE": "64", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "32"}
+    flags = ["--model-base-path", str(model_dirs["demo"]), "--model-name", "demo", "--drain-delay-s", "0"]
+    traced = start_server([*flags, "--tracing", "otlp"], tmp_path / "traced.log", env)
+    plain = start_server(flags, tmp_path / "plain.log")
     try:
-        with grpc.insecure_channel(server.target) as channel:
-            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-            request = predict_pb2.PredictRequest()
-            request.model_spec.name = "demo"
-            fill_tensor_proto(request.inputs["x"], np.ones((1, 8), np.float32))
-            with futures.ThreadPoolExecutor(8) as pool:
-                answers = list(pool.map(lambda _: stub.Predict(request, timeout=30), range(300)))
-            assert len(answers) == 300
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "demo"
+        fill_tensor_proto(request.inputs["x"], np.ones((1, 8), np.float32))
+        seconds: dict[str, list[float]] = {"traced": [], "plain": []}
+        with grpc.insecure_channel(traced.target) as one, grpc.insecure_channel(plain.target) as other, \
+                futures.ThreadPoolExecutor(8) as pool:
+            stubs = {"traced": prediction_service_pb2_grpc.PredictionServiceStub(one),
+                     "plain": prediction_service_pb2_grpc.PredictionServiceStub(other)}
+
+            def timed(side: str) -> float:
+                started = time.perf_counter()
+                stubs[side].Predict(request, timeout=30)  # raises unless OK
+                return time.perf_counter() - started
+
+            for turn in range(2 * REQUESTS // 100):
+                side = ("traced", "plain")[turn % 2]
+                seconds[side] += pool.map(lambda _, side=side: timed(side), range(100))
+        assert len(seconds["traced"]) == len(seconds["plain"]) == REQUESTS
+        p50 = {side: float(np.median(found)) for side, found in seconds.items()}
+        print(f"p50 with the collector down {p50['traced'] * 1e3:.2f} ms, untraced {p50['plain'] * 1e3:.2f} ms")
+        assert p50["traced"] <= 1.5 * p50["plain"] + 0.002, p50  # a stuck exporter would add its 1 s timeout
+
+        def dropped(reason: str) -> float:
+            return traced.metric("mirrorserve_trace_spans_dropped_total", reason=reason)
+
         deadline = time.monotonic() + 30
-        while server.metric("mirrorserve_trace_spans_dropped_total") == 0 and time.monotonic() < deadline:
+        while not (dropped("export_failed") and dropped("queue_full")) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert server.metric("mirrorserve_trace_spans_dropped_total") > 0
-        assert server.log().count("dropped") >= 1 and "mirrorserve_trace_spans_dropped_total" in server.log()
+        assert dropped("export_failed") > 0 and dropped("queue_full") > 0
+        log = traced.log()
+        assert log.count("Queue full") == 1, "the queue's warning, once a minute"
+        assert log.count("mirrorserve_trace_spans_dropped_total") == 1, "failed exports said once a minute"
     finally:
-        server.stop()
+        traced.stop()
+        plain.stop()

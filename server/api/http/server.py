@@ -105,7 +105,7 @@ class RestFrontEnd(Admission):
 R = TypeVar("R", bound=RestFrontEnd)
 
 
-def rest_call(method: str, *, drained: bool = False, counted: bool = False) -> Callable[
+def rest_call(method: str, *, drained: bool = False, counted: bool = False, traced: bool = False) -> Callable[
         [Callable[[R, web.Request, Call], Awaitable[web.StreamResponse]]],
         Callable[[R, web.Request], Awaitable[web.StreamResponse]]]:
     """The bookkeeping of a REST handler `(self, request, call) -> response`, as server.api.admission's
@@ -131,7 +131,7 @@ def rest_call(method: str, *, drained: bool = False, counted: bool = False) -> C
                 call.code, call.message = f"HTTP_{response.status}", response.reason or ""
                 return response
 
-            if not (tracing.ENABLED and counted):
+            if not (tracing.ENABLED and (counted or traced)):
                 return await self.settle(call, counted, body(self, request, call), fail)
             resource = request.match_info.route.resource
             route = resource.canonical if resource is not None else request.path
@@ -141,7 +141,8 @@ def rest_call(method: str, *, drained: bool = False, counted: bool = False) -> C
             with tracing.current(call.span):
                 try:
                     answer = await self.settle(call, counted, body(self, request, call), fail)
-                    answer.headers[TRACE_ID_TRAILER] = call.trace_id
+                    if call.trace_id:
+                        answer.headers[TRACE_ID_TRAILER] = call.trace_id
                     return answer
                 finally:
                     call.end_span()

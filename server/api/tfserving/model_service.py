@@ -71,7 +71,7 @@ class ModelServiceServicer(Admission):
         call.name = request.model_spec.name
         return model_status(self._registry, call.name, *version_choice(request.model_spec))
 
-    @grpc_call("HandleReloadConfigRequest")
+    @grpc_call("HandleReloadConfigRequest", traced=True)
     async def handle_reload_config_request(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
         method = call.method
         control = self._control()

@@ -123,13 +123,13 @@ class V2Servicer(Admission):
         return json_format.ParseDict({"models": triton_model.index(self._repository, request.ready)},
                                      pb.RepositoryIndexResponse())
 
-    @grpc_call("RepositoryModelLoad")
+    @grpc_call("RepositoryModelLoad", traced=True)
     async def repository_model_load(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
         await self._change(pb.RepositoryModelLoadRequest, raw, context, call, lambda name, parameters:
                            triton_model.load(self._repository, self._control(), name, parameters))
         return pb.RepositoryModelLoadResponse()
 
-    @grpc_call("RepositoryModelUnload")
+    @grpc_call("RepositoryModelUnload", traced=True)
     async def repository_model_unload(self, raw: bytes, context: grpc.aio.ServicerContext, call: Call) -> Any:
         await self._change(pb.RepositoryModelUnloadRequest, raw, context, call, lambda name, parameters:
                            triton_model.unload(self._repository, name, parameters))

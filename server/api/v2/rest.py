@@ -147,12 +147,12 @@ class V2Rest(rest.RestFrontEnd):
             raise InvalidInput("'ready' must be true or false")
         return rest.json_response(triton_model.index(self._repository, ready))
 
-    @rest.rest_call("RepositoryModelLoad")
+    @rest.rest_call("RepositoryModelLoad", traced=True)
     async def repository_model_load(self, request: web.Request, call: Call) -> web.StreamResponse:
         return await self._change(request, call, lambda name, parameters: triton_model.load(
             self._repository, self._control(), name, parameters))
 
-    @rest.rest_call("RepositoryModelUnload")
+    @rest.rest_call("RepositoryModelUnload", traced=True)
     async def repository_model_unload(self, request: web.Request, call: Call) -> web.StreamResponse:
         return await self._change(request, call, lambda name, parameters: triton_model.unload(
             self._repository, name, parameters))
