@@ -53,6 +53,8 @@ def configure(kind: str) -> None:
     provider.add_span_processor(BatchSpanProcessor(_Counted(OTLPSpanExporter())))  # type: ignore[arg-type]
     for name in (QUEUE_LOGGER, EXPORTER_LOGGER):
         logging.getLogger(name).addFilter(_SdkWarnings())
+    for reason in ("export_failed", "queue_full"):  # both series from the start, at 0: alerts see a rise
+        metrics.TRACE_SPANS_DROPPED.labels(reason)
     trace.set_tracer_provider(provider)
     _tracer = trace.get_tracer("mirrorserve")
     # Every log record gets the current trace and span ids (otelTraceID, otelSpanID; server.logs
