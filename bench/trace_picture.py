@@ -59,9 +59,9 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
 
 
 @contextlib.contextmanager
-def receiving() -> Iterator[tuple[Receiver, int]]:
-    """A collector on a free loopback port: (its spans, the port)."""
-    receiver = Receiver()
+def receiving(receiver: Receiver | None = None) -> Iterator[tuple[Receiver, int]]:
+    """A collector (`receiver`, or one that keeps every span) on a free loopback port: (it, the port)."""
+    receiver = receiver or Receiver()
     server = grpc.server(futures.ThreadPoolExecutor(4))
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port("127.0.0.1:0")

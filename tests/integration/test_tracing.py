@@ -6,6 +6,7 @@ spans whose links cover every request exactly once; the trace id comes back in a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ import urllib.request
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -145,60 +147,81 @@ def test_predict_spans_under_the_callers_parent_and_batches_linked_once(
         server.stop()
 
 
-REQUESTS = 1000
+class Misbehaving(Receiver):
+    """A collector that is slow (answers after 3 s, past the exporter's 1 s timeout) or refusing
+    (PERMISSION_DENIED, which the exporter does not retry)."""
+
+    mode = "slow"
+
+    def Export(self, request: Any, context: grpc.ServicerContext) -> Any:
+        if self.mode == "slow":
+            time.sleep(3)
+            return super().Export(request, context)
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, "this collector refuses everything")
 
 
-def test_a_collector_that_is_down_fails_nothing_and_its_spans_are_counted(model_dirs: dict[str, Path],
-                                                                          tmp_path: Path) -> None:
-    """Traces to a port nobody listens on, against the same server untraced, 1,000 requests each
-    in turns of 100: every request is answered OK, no slower than untraced beyond noise; the
-    spans the exporter could not send (export_failed) and those its full queue dropped while it
-    retried (queue_full: a queue of 64 here) are counted, and the SDK's warnings about them,
-    one a span or an attempt, reach the log at most once a minute each."""
-    import socket
+PHASE = 340
+"""Requests a side in each of the three phases: about 1,000 in all."""
 
-    with socket.socket() as probe:  # a free port, closed again: connections to it are refused
-        probe.bind(("127.0.0.1", 0))
-        dead = probe.getsockname()[1]
-    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{dead}",
-           "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
-           "OTEL_BSP_MAX_QUEUE_SIZE": "64", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "32"}
-    flags = ["--model-base-path", str(model_dirs["demo"]), "--model-name", "demo", "--drain-delay-s", "0"]
-    traced = start_server([*flags, "--tracing", "otlp"], tmp_path / "traced.log", env)
-    plain = start_server(flags, tmp_path / "plain.log")
-    try:
+
+def test_a_collector_slow_refusing_or_down_fails_nothing_and_its_spans_are_counted(model_dirs: dict[str, Path],
+                                                                                   tmp_path: Path) -> None:
+    """Traces to a collector that is slow, then refusing, then down (its port closed), against the
+    same server untraced, in turns of 85 requests: every request is answered OK and, in each
+    phase, no slower than untraced beyond noise; the spans the exporter could not send
+    (export_failed) and those its full queue dropped meanwhile (queue_full: a queue of 64 here)
+    are counted, and the SDK's warnings about them, one a span or an attempt, reach the log at
+    most once a minute each."""
+    collector = Misbehaving()
+    with contextlib.ExitStack() as stack:
+        collecting = contextlib.ExitStack()
+        stack.callback(collecting.close)
+        _, port = collecting.enter_context(receiving(collector))
+        env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+               "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_BSP_SCHEDULE_DELAY": "100",
+               "OTEL_EXPORTER_OTLP_TIMEOUT": "1", "OTEL_BSP_MAX_QUEUE_SIZE": "64",
+               "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "32"}
+        flags = ["--model-base-path", str(model_dirs["demo"]), "--model-name", "demo", "--drain-delay-s", "0"]
+        traced = start_server([*flags, "--tracing", "otlp"], tmp_path / "traced.log", env)
+        stack.callback(traced.stop)
+        plain = start_server(flags, tmp_path / "plain.log")
+        stack.callback(plain.stop)
+        pool = stack.enter_context(futures.ThreadPoolExecutor(8))
+        stubs = {side: prediction_service_pb2_grpc.PredictionServiceStub(
+            stack.enter_context(grpc.insecure_channel(server.target))) for side, server in
+            (("traced", traced), ("plain", plain))}
         request = predict_pb2.PredictRequest()
         request.model_spec.name = "demo"
         fill_tensor_proto(request.inputs["x"], np.ones((1, 8), np.float32))
-        seconds: dict[str, list[float]] = {"traced": [], "plain": []}
-        with grpc.insecure_channel(traced.target) as one, grpc.insecure_channel(plain.target) as other, \
-                futures.ThreadPoolExecutor(8) as pool:
-            stubs = {"traced": prediction_service_pb2_grpc.PredictionServiceStub(one),
-                     "plain": prediction_service_pb2_grpc.PredictionServiceStub(other)}
 
-            def timed(side: str) -> float:
-                started = time.perf_counter()
-                stubs[side].Predict(request, timeout=30)  # raises unless OK
-                return time.perf_counter() - started
-
-            for turn in range(2 * REQUESTS // 100):
-                side = ("traced", "plain")[turn % 2]
-                seconds[side] += pool.map(lambda _, side=side: timed(side), range(100))
-        assert len(seconds["traced"]) == len(seconds["plain"]) == REQUESTS
-        p50 = {side: float(np.median(found)) for side, found in seconds.items()}
-        print(f"p50 with the collector down {p50['traced'] * 1e3:.2f} ms, untraced {p50['plain'] * 1e3:.2f} ms")
-        assert p50["traced"] <= 1.5 * p50["plain"] + 0.002, p50  # a stuck exporter would add its 1 s timeout
+        def timed(side: str) -> float:
+            started = time.perf_counter()
+            stubs[side].Predict(request, timeout=30)  # raises unless OK
+            return time.perf_counter() - started
 
         def dropped(reason: str) -> float:
             return traced.metric("mirrorserve_trace_spans_dropped_total", reason=reason)
 
-        deadline = time.monotonic() + 30
-        while not (dropped("export_failed") and dropped("queue_full")) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert dropped("export_failed") > 0 and dropped("queue_full") > 0
+        def phase(name: str, counted: str) -> None:
+            before = dropped(counted)
+            seconds: dict[str, list[float]] = {"traced": [], "plain": []}
+            for turn in range(2 * PHASE // 85):
+                side = ("traced", "plain")[turn % 2]
+                seconds[side] += pool.map(lambda _, side=side: timed(side), range(85))
+            assert len(seconds["traced"]) == len(seconds["plain"]) == PHASE
+            p50 = {side: float(np.median(found)) for side, found in seconds.items()}
+            print(f"collector {name}: p50 {p50['traced'] * 1e3:.2f} ms, untraced {p50['plain'] * 1e3:.2f} ms")
+            assert p50["traced"] <= 1.5 * p50["plain"] + 0.002, (name, p50)  # not the exporter's 1 s
+            deadline = time.monotonic() + 30
+            while dropped(counted) == before and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert dropped(counted) > before, (name, counted)
+
+        phase("slow", "queue_full")  # the exporter waits on it while spans queue
+        collector.mode = "refusing"
+        phase("refusing", "export_failed")
+        collecting.close()
+        phase("down", "export_failed")
         log = traced.log()
         assert log.count("Queue full") == 1, "the queue's warning, once a minute"
         assert log.count("mirrorserve_trace_spans_dropped_total") == 1, "failed exports said once a minute"
-    finally:
-        traced.stop()
-        plain.stop()
