@@ -32,12 +32,14 @@ log = logging.getLogger("server.tracing")
 ENABLED = False
 """Set once per process by `configure`; every hook checks it first."""
 _tracer: Any = None
+_propagated: frozenset[str] = frozenset()
+"""The headers the configured propagators read (OTEL_PROPAGATORS; traceparent, tracestate, baggage)."""
 LOG_EVERY_S = 60.0
 
 
 def configure(kind: str) -> None:
     """Set this process's tracer provider for --tracing KIND (off: nothing)."""
-    global ENABLED, _tracer
+    global ENABLED, _tracer, _propagated
     if kind != "otlp" or ENABLED:
         return
     from opentelemetry import trace
@@ -57,6 +59,9 @@ def configure(kind: str) -> None:
         metrics.TRACE_SPANS_DROPPED.labels(reason)
     trace.set_tracer_provider(provider)
     _tracer = trace.get_tracer("mirrorserve")
+    from opentelemetry.propagate import get_global_textmap
+
+    _propagated = frozenset(get_global_textmap().fields)  # a set built anew on every read
     # Every log record gets the current trace and span ids (otelTraceID, otelSpanID; server.logs
     # names them trace_id and span_id in JSON lines); the format of text lines is left alone.
     from opentelemetry.instrumentation.logging import LoggingInstrumentor
@@ -126,12 +131,12 @@ def start_request(name: str, carrier: Iterable[tuple[str, Any]], protocol: str) 
     """The span of a request, a child of the caller's `traceparent` if it sent one: `name` is
     SERVICE/METHOD over gRPC, "VERB ROUTE" over HTTP (OpenTelemetry's span names for each). The
     propagator runs only when a header it reads (its `fields`) is there: most requests carry none."""
-    from opentelemetry.propagate import extract, get_global_textmap
+    from opentelemetry.propagate import extract
     from opentelemetry.trace import SpanKind
 
     # gRPC metadata keys are lower case already (HTTP/2); HTTP/1.1 header names may come in any case
     headers = dict(carrier) if protocol == "grpc" else {key.lower(): value for key, value in carrier}
-    parent = extract(headers) if not get_global_textmap().fields.isdisjoint(headers) else None
+    parent = extract(headers) if not _propagated.isdisjoint(headers) else None
     if protocol == "grpc":
         service, _, method = name.rpartition("/")
         attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
