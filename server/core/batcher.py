@@ -121,8 +121,8 @@ class BatchObserver(Protocol):
         was taken and it could no longer be answered within the target (reason "late")."""
     def target_planned(self, key: Hashable, plan: Plan, wait_s: float, fit: tuple[float, float, float],
                        rows_per_second: float) -> None:
-        """The latency target's new plan for `key`'s requests: its sizes, the longest its oldest request waits for more
-        rows, the fit (a, b, spread), the arrival rate."""
+        """The latency target's new plan for `key`'s requests: its sizes, the longest its oldest
+        request waits for more rows, the fit (a, b, spread), the arrival rate."""
 
 
 BatchTrace = Callable[[Hashable, list[Any], int, float, float], None]
