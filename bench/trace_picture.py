@@ -5,7 +5,7 @@ it too), and a timeline of one request's spans beside the batch that served it.
 usage: python -m bench.trace_picture [--model cnn] [--out docs/trace.png]
 Starts the server on a bench model with `--tracing otlp`, sends 16 requests at once (one of
 them with a caller's `traceparent`), and draws that request's trace: its span, its queue wait,
-and the batch span linked to it, with the other requests the batch served beneath.
+and the batch span linked to it and its model run, with the other requests the batch served beneath.
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ def receiving(receiver: Receiver | None = None) -> Iterator[tuple[Receiver, int]
 
 def render(spans: list[Any], trace_id: str, path: Path) -> None:
     """A timeline PNG of trace `trace_id`'s request span and queue span, the batch span linked to
-    it, and the other requests that batch served, in milliseconds from the request's start."""
+    it and its model run, and the other requests that batch served, in milliseconds from the
+    request's start."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -95,6 +96,8 @@ def render(spans: list[Any], trace_id: str, path: Path) -> None:
     for b in batch:
         rows.append((f"batch: {_attribute(b, 'mirrorserve.rows')} rows, {_attribute(b, 'mirrorserve.requests')} "
                      f"requests, {_attribute(b, 'mirrorserve.replicas')} replica(s)", b, "#55a868"))
+        rows += [("  model run (in the worker)", s, "#8172b3") for s in spans
+                 if s.name == "model run" and s.parent_span_id == b.span_id]
     rows += [(f"  linked request (trace {s.trace_id.hex()[:8]}…)", s, "#8c8c8c") for s in served]
     figure, axes = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2))
     for y, (_, span, colour) in enumerate(rows):

@@ -183,15 +183,18 @@ def finish_request(span: Any, code_name: str, model: str, version: int | None, s
     span.end()
 
 
-def batch_recorder(model: str, version: int, replicas: int) -> Callable[[Hashable, list[Any], int, float, float],
-                                                                          None]:
+def batch_recorder(model: str, version: int, replicas: int) -> Callable[
+        [Hashable, list[Any], int, float, float, Any], None]:
     """What a batcher calls when a batch ends (server.core.batcher.BatchTrace): a span for the
-    model run, from handing the batch to the model worker to having its outputs back and split,
+    round trip, from handing the batch to the model worker to having its outputs back and split,
     linked to the spans of the requests it served (a batch serves many traces: links are
-    OpenTelemetry's way). A batch that served no traced request records nothing."""
+    OpenTelemetry's way), and its `model run` child, placed by the worker's own timings: after
+    the hand-over, for as long as the model ran. A batch that served no traced request records
+    nothing."""
+    from opentelemetry import trace
     from opentelemetry.trace import Link
 
-    def record(key: Hashable, contexts: list[Any], rows: int, handed: float, returned: float) -> None:
+    def record(key: Hashable, contexts: list[Any], rows: int, handed: float, returned: float, timing: Any) -> None:
         # a split request is linked once (current_context gave None for one its sampler dropped)
         unique = {(c.trace_id, c.span_id): c for c in contexts if c is not None}
         links = [Link(context) for context in unique.values()]
@@ -203,7 +206,12 @@ def batch_recorder(model: str, version: int, replicas: int) -> Callable[[Hashabl
             "mirrorserve.signature": str(getattr(key, "signature", key)), "mirrorserve.rows": rows,
             "mirrorserve.requests": len(contexts), "mirrorserve.replicas": replicas,
             "mirrorserve.rows_per_replica": -(-rows // max(replicas, 1)),
-            "mirrorserve.handed_unix_nano": start, "mirrorserve.returned_unix_nano": end})
+            "mirrorserve.handed_unix_nano": start, "mirrorserve.returned_unix_nano": end,
+            "mirrorserve.input_seconds": timing.input_seconds, "mirrorserve.output_seconds": timing.output_seconds})
+        ran_from = start + int(timing.input_seconds * 1e9)
+        run = _tracer.start_span("model run", context=trace.set_span_in_context(span), start_time=ran_from,
+                                 attributes={"mirrorserve.rows": rows, "mirrorserve.replicas": replicas})
+        run.end(end_time=min(end, ran_from + int(timing.infer_seconds * 1e9)))
         span.end(end_time=end)
 
     return record

@@ -125,10 +125,10 @@ class BatchObserver(Protocol):
         request waits for more rows, the fit (a, b, spread), the arrival rate."""
 
 
-BatchTrace = Callable[[Hashable, list[Any], int, float, float], None]
+BatchTrace = Callable[[Hashable, list[Any], int, float, float, "BatchTiming"], None]
 """Told of a batch's end (server.tracing.batch_recorder): its key, its requests' trace contexts
-(None for an untraced one), its rows, and when it was handed to the model and came back (on the
-batcher's clock)."""
+(None for an untraced one), its rows, when it was handed to the model and came back (on the
+batcher's clock), and where that round trip went (the worker's own timings)."""
 
 
 class _NoObserver:
@@ -729,7 +729,7 @@ class Batcher:
                 self._observer.request_finished(answer)
         if self._on_batch is not None:
             try:
-                self._on_batch(key, [s.request.trace for s in live], rows, handed, now)
+                self._on_batch(key, [s.request.trace for s in live], rows, handed, now, timing)
             except Exception:  # a trace is never worth a batch: its answers are out already
                 log.exception("recording the batch's trace failed")
         return None

@@ -89,6 +89,11 @@ def test_predict_spans_under_the_callers_parent_and_batches_linked_once(
             (batch,) = collector.wait_for(lambda s: s.name == "batch" and any(
                 link.span_id == request_span.span_id for link in s.links))
             assert attributes(batch)["mirrorserve.rows"] == 2 and attributes(batch)["mirrorserve.replicas"] >= 1
+            # the worker's own timing places the model's run inside the round trip
+            (run,) = collector.wait_for(lambda s: s.name == "model run" and s.parent_span_id == batch.span_id)
+            assert batch.start_time_unix_nano <= run.start_time_unix_nano <= run.end_time_unix_nano \
+                <= batch.end_time_unix_nano
+            assert run.trace_id == batch.trace_id and attributes(run)["mirrorserve.rows"] == 2
 
             # 32 at once: every request's span is linked from exactly one batch span
             with futures.ThreadPoolExecutor(CONCURRENT) as pool:
