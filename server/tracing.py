@@ -142,7 +142,7 @@ def start_request(name: str, carrier: Iterable[tuple[str, Any]], protocol: str) 
         attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
     else:
         verb, _, route = name.partition(" ")
-        attributes = {"http.request.method": verb, "http.route": route}
+        attributes = {"network.protocol.name": "http", "http.request.method": verb, "http.route": route}
     return _tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
 
 

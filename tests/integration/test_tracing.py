@@ -134,6 +134,7 @@ def test_predict_spans_under_the_callers_parent_and_batches_linked_once(
             (span,) = collector.wait_for(lambda s, parent=parent: s.parent_span_id.hex() == parent)
             found = attributes(span)
             assert span.name.startswith("POST /v") and found["http.request.method"] == "POST"
+            assert found["network.protocol.name"] == "http"
             assert found["mirrorserve.model"] == "demo" and found["http.response.status_code"] == 200
             assert collector.wait_for(lambda s, span=span: s.name == "batch" and any(
                 link.span_id == span.span_id for link in s.links))
