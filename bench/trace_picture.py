@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import tempfile
 import threading
 import time
@@ -94,8 +93,9 @@ def render(spans: list[Any], trace_id: str, path: Path) -> None:
     rows: list[tuple[str, Any, str]] = [(f"{request.name}\n(trace {trace_id[:8]}…)", request, "#4c72b0")]
     rows += [("  queue (waiting for its batch)", q, "#dd8452") for q in queue]
     for b in batch:
-        rows.append((f"batch: {_attribute(b, 'mirrorserve.rows')} rows, {_attribute(b, 'mirrorserve.requests')} "
-                     f"requests, {_attribute(b, 'mirrorserve.replicas')} replica(s)", b, "#55a868"))
+        found = attributes(b)
+        rows.append((f"batch: {found['mirrorserve.rows']} rows, {found['mirrorserve.requests']} requests, "
+                     f"{found['mirrorserve.replicas']} replica(s)", b, "#55a868"))
         rows += [("  model run (in the worker)", s, "#8172b3") for s in spans
                  if s.name == "model run" and s.parent_span_id == b.span_id]
     rows += [(f"  linked request (trace {s.trace_id.hex()[:8]}…)", s, "#8c8c8c") for s in served]
@@ -113,11 +113,9 @@ def render(spans: list[Any], trace_id: str, path: Path) -> None:
     plt.close(figure)
 
 
-def _attribute(span: Any, key: str) -> Any:
-    for kv in span.attributes:
-        if kv.key == key:
-            return kv.value.string_value or kv.value.int_value
-    return "?"
+def attributes(span: Any) -> dict[str, Any]:
+    """A received span's attributes as a dict (the string or integer values our spans carry)."""
+    return {kv.key: kv.value.string_value or kv.value.int_value for kv in span.attributes}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     name, shape = SHAPES[opts.model]
     with receiving() as (receiver, port), tempfile.TemporaryDirectory() as work:
         env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_INSECURE": "true",
-               "OTEL_BSP_SCHEDULE_DELAY": "100", **os.environ}
+               "OTEL_BSP_SCHEDULE_DELAY": "100"}  # over the caller's environment (start_server merges it)
         server = start_server(["--model-base-path", str(base), "--model-name", opts.model, "--tracing", "otlp",
                                "--drain-delay-s", "0"], Path(work) / "server.log", env, timeout=240)
         try:

@@ -23,7 +23,7 @@ import grpc
 import numpy as np
 import pytest
 
-from bench.trace_picture import Receiver, receiving, render
+from bench.trace_picture import Receiver, attributes, receiving, render
 from protos.tensorflow_serving import predict_pb2, prediction_service_pb2_grpc
 from server.api.tensor_codec import fill_tensor_proto
 from tests.integration.conftest import start_server
@@ -38,14 +38,6 @@ CONCURRENT = 32
 def receiver() -> Iterator[tuple[Receiver, int]]:
     with receiving() as found:
         yield found
-
-
-def attributes(span) -> dict:  # type: ignore[no-untyped-def]
-    found = {}
-    for kv in span.attributes:
-        value = kv.value
-        found[kv.key] = value.string_value or value.int_value
-    return found
 
 
 def test_predict_spans_under_the_callers_parent_and_batches_linked_once(
